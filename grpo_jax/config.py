@@ -1,0 +1,363 @@
+"""Typed configuration for a grpo_jax run: one dataclass per section, validated on construction.
+
+A config file is a Python module with `get_config() -> Config` (big_vision style). The command line
+changes single fields with `--set section.field=value`; values are parsed by the field's declared type,
+and an unknown key or a bad value is a `ConfigError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import types
+import typing
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config key or value that is not allowed; the message names it and what would be right."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """The policy. Either `hf_path` (a Hugging Face checkpoint directory) or the shape fields below."""
+    hf_path: str | None = None
+    tokenizer: str = "char:0123456789+="  # see grpo_jax.tokenizer.load_tokenizer for accepted specs
+    vocab_size: int = 0  # 0: taken from the tokenizer
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int = 32
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    init_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSection:
+    """The data: a built-in generator or a JSONL file (`grpo_jax.tasks.make_task(name, **options)`)."""
+    name: str = "arithmetic"
+    options: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSection:
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOSection:
+    """GRPO proper. Names follow TRL's GRPOConfig where one exists."""
+    prompts_per_step: int = 16
+    num_generations: int = 8  # G, answers per prompt
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    advantage_eps: float = 1e-4
+    eps_low: float = 0.2
+    eps_high: float | None = None  # DAPO clip-higher; None: eps_low
+    beta: float = 0.0  # KL weight; 0 skips the reference forward entirely
+    kl: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["sequence", "token", "constant"] = "sequence"
+    ratio: Literal["token", "sequence"] = "token"
+    num_iterations: int = 1  # mu: passes over each batch
+    num_minibatches: int = 1  # optimizer steps per pass
+    grad_accum_steps: int = 1  # micro-batches summed into one optimizer step
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    mask_truncated_completions: bool = False
+    dynamic_sampling: bool = False  # DAPO: drop all-equal groups, top the batch up
+    max_resample_rounds: int = 4
+    ref_dtype: Literal["float32", "bfloat16"] = "float32"
+    ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    learning_rate: float = 2e-4
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    """Supervised warm-up on (prompt, answer) pairs; `steps=0` skips it."""
+    steps: int = 0
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    target_accuracy: float = 0.0  # stop once greedy validation accuracy reaches this (0: never stop early)
+    eval_every: int = 10
+    eval_size: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    every: int = 100  # 0: only at the start and the end
+    num_questions: int = 200
+    num_samples: int = 8  # n answers per question for pass@k / maj@k
+    ks: tuple[int, ...] = (1, 8)
+    temperature: float = 1.0
+    greedy: bool = True  # also report greedy accuracy
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    steps: int = 600
+    seed: int = 0
+    run_dir: str = "runs/default"
+    log_every: int = 1
+    samples_every: int = 50
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    stop_after_steps: int = 0  # >0: stop cleanly (with a checkpoint) after this many steps in this process
+    export_hf: bool = False  # write the final policy as HF safetensors to run_dir/hf
+    verifier_workers: int = 0  # 0: verify in-process (fast built-in checkers); >0: a process pool
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    task: TaskSection = dataclasses.field(default_factory=TaskSection)
+    sampling: SamplingSection = dataclasses.field(default_factory=SamplingSection)
+    grpo: GRPOSection = dataclasses.field(default_factory=GRPOSection)
+    optim: OptimSection = dataclasses.field(default_factory=OptimSection)
+    sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+
+    def __post_init__(self):
+        validate(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: types from the annotations, then the few cross-field rules.
+
+def _check_type(key: str, value: Any, hint: Any) -> None:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
+        return
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                _check_type(key, value, arg)
+                return
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}={value!r} has the wrong type")
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            raise ConfigError(f"{key}={value!r} must be a tuple")
+        (elem,) = typing.get_args(hint)[:1]
+        for v in value:
+            _check_type(key, v, elem)
+        return
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is dict:
+        ok = isinstance(value, dict)
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise ConfigError(f"{key}={value!r} must be of type {getattr(hint, '__name__', hint)}")
+
+
+def _positive(key, value, *, allow_zero=False):
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def validate(config: Config) -> None:
+    """Checks every field's type and the cross-field rules; raises ConfigError naming the key."""
+    for section in dataclasses.fields(config):
+        sec = getattr(config, section.name)
+        hints = typing.get_type_hints(type(sec))
+        for f in dataclasses.fields(sec):
+            _check_type(f"{section.name}.{f.name}", getattr(sec, f.name), hints[f.name])
+    g, o, t, s, e, sft, m = (config.grpo, config.optim, config.train, config.sampling, config.eval,
+                                                      config.sft, config.model)
+    for key, value in [("grpo.prompts_per_step", g.prompts_per_step), ("grpo.num_iterations", g.num_iterations),
+                                          ("grpo.num_minibatches", g.num_minibatches), ("grpo.grad_accum_steps", g.grad_accum_steps),
+                                          ("sampling.max_new_tokens", s.max_new_tokens), ("train.steps", t.steps),
+                                          ("eval.num_samples", e.num_samples), ("eval.num_questions", e.num_questions),
+                                          ("optim.learning_rate", o.learning_rate), ("sft.batch_size", sft.batch_size),
+                                          ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every", t.log_every)]:
+        _positive(key, value)
+    for key, value in [("grpo.beta", g.beta), ("grpo.eps_low", g.eps_low), ("sft.steps", sft.steps),
+                                          ("optim.warmup_steps", o.warmup_steps), ("optim.weight_decay", o.weight_decay),
+                                          ("optim.max_grad_norm", o.max_grad_norm), ("eval.every", e.every),
+                                          ("train.checkpoint_every", t.checkpoint_every), ("train.samples_every", t.samples_every),
+                                          ("sampling.top_k", s.top_k), ("train.stop_after_steps", t.stop_after_steps),
+                                          ("grpo.ref_resync_every", g.ref_resync_every), ("train.verifier_workers", t.verifier_workers),
+                                          ("grpo.max_resample_rounds", g.max_resample_rounds)]:
+        _positive(key, value, allow_zero=True)
+    if g.num_generations < 2:
+        raise ConfigError(f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
+                                            "has no baseline, so every advantage would be 0")
+    if g.eps_high is not None and g.eps_high < 0:
+        raise ConfigError(f"grpo.eps_high={g.eps_high} must be >= 0 or None")
+    if s.temperature <= 0:
+        raise ConfigError(f"sampling.temperature={s.temperature} must be > 0 (use eval.greedy for argmax)")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"sampling.top_p={s.top_p} must be in (0, 1]")
+    if e.temperature <= 0:
+        raise ConfigError(f"eval.temperature={e.temperature} must be > 0")
+    batch = g.prompts_per_step * g.num_generations
+    per_update = g.num_minibatches * g.grad_accum_steps
+    if batch % per_update:
+        raise ConfigError(
+                f"grpo.num_minibatches * grpo.grad_accum_steps = {per_update} must divide the batch of "
+                f"grpo.prompts_per_step * grpo.num_generations = {batch} completions")
+    for k in e.ks:
+        if not 1 <= k <= e.num_samples:
+            raise ConfigError(f"eval.ks contains {k}; each k must be in [1, eval.num_samples={e.num_samples}]")
+    if not 0 <= sft.target_accuracy <= 1:
+        raise ConfigError(f"sft.target_accuracy={sft.target_accuracy} must be in [0, 1]")
+    if m.hf_path is None:
+        for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            _positive(f"model.{key}", getattr(m, key))
+        if m.num_heads % m.num_kv_heads:
+            raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of "
+                                                f"model.num_kv_heads={m.num_kv_heads}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Overrides and files.
+
+def _parse_value(key: str, text: str, hint: Any) -> Any:
+    """Parses `text` by the field's type; JSON syntax for dicts and tuples."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if text.lower() in ("none", "null") and type(None) in typing.get_args(hint):
+            return None
+        for arg in args:
+            try:
+                return _parse_value(key, text, arg)
+            except ConfigError:
+                pass
+        raise ConfigError(f"--set {key}={text!r}: cannot read it as {hint}")
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if text not in allowed:
+            raise ConfigError(f"--set {key}={text!r} is not allowed; choose one of {list(allowed)}")
+        return text
+    try:
+        if hint is bool:
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+        if hint is str:
+            return text
+        if hint is dict or origin is tuple:
+            value = json.loads(text)
+            if origin is tuple:
+                if not isinstance(value, list):
+                    raise ValueError
+                return tuple(value)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+    except (ValueError, json.JSONDecodeError):
+        pass
+    raise ConfigError(f"--set {key}={text!r}: expected a value of type "
+                                        f"{getattr(hint, '__name__', hint)}" + (" as JSON" if hint is dict or origin is tuple else ""))
+
+
+def apply_overrides(config: Config, overrides: list[str]) -> Config:
+    """Returns `config` with each `section.field=value` (or `task.options.name=value`) applied."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.field=value")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        sections = {f.name for f in dataclasses.fields(Config)}
+        if parts[0] not in sections:
+            raise ConfigError(f"--set {key}: unknown section {parts[0]!r}; sections are {sorted(sections)}")
+        section = getattr(config, parts[0])
+        if parts[:2] == ["task", "options"] and len(parts) == 3:
+            # Task options are checked by the task itself; values are read as JSON when they parse.
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            new_section = dataclasses.replace(section, options={**section.options, parts[2]: value})
+        else:
+            if len(parts) != 2:
+                raise ConfigError(f"--set {key}: expected section.field (or task.options.name)")
+            hints = typing.get_type_hints(type(section))
+            if parts[1] not in hints:
+                raise ConfigError(f"--set {key}: unknown field {parts[1]!r} in section {parts[0]!r}; "
+                                                    f"fields are {sorted(hints)}")
+            new_section = dataclasses.replace(section, **{parts[1]: _parse_value(key, text, hints[parts[1]])})
+        config = dataclasses.replace(config, **{parts[0]: new_section})
+    return config
+
+
+def load_config_file(path: str | os.PathLike) -> Config:
+    """Imports a config file and calls its `get_config()`."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # the user's own config file, not model output
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path!r} has no get_config() function")
+    config = module.get_config()
+    if not isinstance(config, Config):
+        raise ConfigError(f"{path}: get_config() returned {type(config).__name__}, expected grpo_jax.config.Config")
+    return config
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: dict) -> Config:
+    """Inverse of `to_dict` (JSON round trip: lists become tuples where the field is a tuple)."""
+    sections = {}
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory().__class__
+        values = dict(data.get(section.name, {}))
+        hints = typing.get_type_hints(cls)
+        unknown = set(values) - set(hints)
+        if unknown:
+            raise ConfigError(f"section {section.name!r} has unknown fields {sorted(unknown)}")
+        for k, v in values.items():
+            if typing.get_origin(hints[k]) is tuple and isinstance(v, list):
+                values[k] = tuple(v)
+        sections[section.name] = cls(**values)
+    return Config(**sections)
