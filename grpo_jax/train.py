@@ -259,8 +259,12 @@ class RunResult:
     params: Any = None
 
 
-def run(config: config_lib.Config, *, resume: bool = False) -> RunResult:
-    """Trains per `config`; writes metrics, samples, plots and checkpoints to `config.train.run_dir`."""
+def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer=None) -> RunResult:
+    """Trains per `config`; writes metrics, samples and checkpoints to `config.train.run_dir`.
+
+    `task` and `tokenizer` replace the ones the config names (research code brings its own objects
+    implementing `grpo_jax.tasks.Task` and `grpo_jax.tokenizer.Tokenizer`).
+    """
     global _COMPILES
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
@@ -270,8 +274,8 @@ def run(config: config_lib.Config, *, resume: bool = False) -> RunResult:
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(config_lib.to_dict(config), f, indent=2)
 
-    tokenizer = load_tokenizer(config.model.tokenizer)
-    task = make_task(config.task.name, **config.task.options)
+    tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
+    task = task or make_task(config.task.name, **config.task.options)
     model_config, model = build_model(config, tokenizer)
     graphdef, params = nnx.split(model)
     del model

@@ -1,0 +1,28 @@
+"""GRPO on a TPU pod slice (e.g. v5e-16): a 7B-class Hugging Face checkpoint, GSM8K-style JSONL data.
+
+  python -m grpo_jax train --config configs/tpu_pod.py --set model.hf_path=/mnt/models/Qwen2.5-7B-Instruct --set task.options.path=/mnt/data/gsm8k_train.jsonl
+
+Run the same command on every worker of the slice (launch/tpu_pod.sh does that through gcloud); JAX's
+multi-controller runtime joins them. Paths must be readable on every worker.
+"""
+
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
+                             TaskSection, TrainSection)
+
+
+def get_config() -> Config:
+    return Config(
+        model=ModelSection(hf_path="/mnt/models/Qwen2.5-7B-Instruct", tokenizer="/mnt/models/Qwen2.5-7B-Instruct",
+                           dtype="bfloat16", param_dtype="float32"),
+        task=TaskSection(name="jsonl", options={"path": "/mnt/data/gsm8k_train.jsonl", "template": "r1",
+                                                "answer_format": "gsm8k", "format_weight": 0.2}),
+        sampling=SamplingSection(max_new_tokens=1024, temperature=1.0),
+        grpo=GRPOSection(prompts_per_step=64, num_generations=16, eps_low=0.2, eps_high=0.28, beta=0.0,
+                         aggregation="token", num_iterations=1, num_minibatches=4, grad_accum_steps=4,
+                         dynamic_sampling=True, mask_truncated_completions=True),
+        optim=OptimSection(learning_rate=1e-6, schedule="cosine", warmup_steps=20, b2=0.99,
+                           weight_decay=0.01, max_grad_norm=1.0),
+        eval=EvalSection(every=50, num_questions=512, num_samples=8, ks=(1, 8)),
+        train=TrainSection(steps=1000, seed=0, run_dir="gs://YOUR_BUCKET/grpo_jax/tpu_pod", samples_every=10,
+                           checkpoint_every=25, keep_checkpoints=3, export_hf=True, verifier_workers=8),
+    )

@@ -1,0 +1,217 @@
+"""JSONL user data: answer formats, clear errors, the held-out split and epoch-wise shuffling."""
+
+from pathlib import Path
+
+import pytest
+
+from grpo_jax.tasks import JsonlTask, make_task
+from grpo_jax.tasks.jsonl import extract_reference, last_boxed
+
+DATA = Path(__file__).parent / "data"
+GSM8K = str(DATA / "gsm8k_sample.jsonl")  # 8 questions (and one blank line)
+MATH = str(DATA / "math_sample.jsonl")  # 6 problems, fields "problem" / "solution"
+
+
+def write(tmp_path, text, name="d.jsonl"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# --- reference answers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, answer_format, expected",
+    [
+        ("3 * 4 = 12.\n#### 12", "gsm8k", "12"),
+        ("250 * 4 = 1000 pens.\n#### 1,000", "gsm8k", "1000"),  # thousands separator dropped
+        ("so #### 3 then #### 4", "gsm8k", "4"),  # the last marker is the final answer
+        ("$\\boxed{\\frac{1}{3}}$", "boxed", "\\frac{1}{3}"),  # nested braces kept
+        ("first \\boxed{2}, finally \\boxed{3}", "boxed", "3"),
+        ("\\boxed{2", "boxed", None),  # unclosed
+        ("#### 7", "auto", "7"),
+        ("\\boxed{7}", "auto", "7"),
+        (" 7 ", "auto", "7"),
+        ("#### 7", "raw", "#### 7"),
+        ("no marker", "gsm8k", None),
+    ],
+)
+def test_extract_reference(text, answer_format, expected):
+    assert extract_reference(text, answer_format) == expected
+
+
+def test_last_boxed_keeps_nested_braces():
+    assert last_boxed("x \\boxed{a{b}c} y") == "a{b}c"
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def test_gsm8k_sample_loads_with_plain_prompts():
+    task = JsonlTask(path=GSM8K, eval_fraction=0.0)
+    assert task.num_train == 8 and task.eval_examples() == []
+    by_question = {task.train_example(i)["question"]: task.train_example(i) for i in range(8)}
+    pens = by_question["A shop sells 250 pens a day. How many pens does it sell in 4 days?"]
+    assert pens["answer"] == "1000"
+    assert pens["prompt"] == pens["question"] + " Put the answer in \\boxed{}."
+
+
+def test_math_sample_with_custom_fields_and_r1_template():
+    task = make_task(
+        "jsonl", path=MATH, question_field="problem", answer_field="solution",
+        template="r1", eval_fraction=0.0,
+    )
+    answers = {task.train_example(i)["problem"]: task.train_example(i) for i in range(6)}
+    integral = answers["Compute $\\int_0^1 x^2\\,dx$."]
+    assert integral["answer"] == "\\frac{1}{3}"
+    assert integral["level"] == "Level 2"  # other record fields travel with the example
+    assert integral["prompt"].endswith("Assistant:") and "<think>" in integral["prompt"]
+
+
+def test_numeric_answer_field_is_accepted(tmp_path):
+    path = write(tmp_path, '{"question": "1+1?", "answer": 2}\n{"question": "half?", "answer": 0.5}\n')
+    task = JsonlTask(path=path, eval_fraction=0.0)
+    assert sorted(task.train_example(i)["answer"] for i in range(2)) == ["0.5", "2"]
+
+
+def test_missing_file_names_the_path(tmp_path):
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        JsonlTask(path=missing)
+
+
+def test_bad_json_names_file_and_line(tmp_path):
+    path = write(tmp_path, '{"question": "a", "answer": "1"}\n\n{"question": "b", "answer": \n')
+    with pytest.raises(ValueError, match=r"d\.jsonl, line 3: not valid JSON"):
+        JsonlTask(path=path)
+
+
+def test_missing_field_names_file_line_and_field(tmp_path):
+    path = write(tmp_path, '{"question": "a", "answer": "1"}\n{"question": "b", "solution": "2"}\n')
+    with pytest.raises(ValueError, match=r"d\.jsonl, line 2: missing field 'answer'.*'solution'"):
+        JsonlTask(path=path)
+
+
+@pytest.mark.parametrize(
+    "line, answer_format, message",
+    [
+        ('["a", "1"]', "auto", "expected a JSON object, got list"),
+        ('{"question": "", "answer": "1"}', "auto", "'question' must be a non-empty string"),
+        ('{"question": "a", "answer": null}', "auto", "'answer' must be a string or a number"),
+        ('{"question": "a", "answer": "no marker"}', "gsm8k",
+         "holds no final answer for answer_format='gsm8k'"),
+    ],
+)
+def test_bad_records_name_file_and_line(tmp_path, line, answer_format, message):
+    path = write(tmp_path, '{"question": "ok", "answer": "#### 1"}\n' + line + "\n")
+    with pytest.raises(ValueError) as error:
+        JsonlTask(path=path, answer_format=answer_format)
+    assert f"{path}, line 2: " in str(error.value) and message in str(error.value)
+
+
+def test_bad_options(tmp_path):
+    with pytest.raises(ValueError, match="answer_format='latex'"):
+        JsonlTask(path=GSM8K, answer_format="latex")
+    with pytest.raises(ValueError, match="path"):
+        JsonlTask()
+    with pytest.raises(ValueError, match=r"empty"):
+        JsonlTask(path=write(tmp_path, "\n\n"))
+
+
+# --- split and order ----------------------------------------------------------------------------
+
+
+def many_questions(tmp_path, n=200):
+    lines = [f'{{"question": "What is {i} + 1?", "answer": "#### {i + 1}"}}' for i in range(n)]
+    return write(tmp_path, "\n".join(lines) + "\n", "many.jsonl")
+
+
+def test_eval_fraction_split_is_disjoint_and_covers_the_file(tmp_path):
+    task = JsonlTask(path=many_questions(tmp_path), eval_fraction=0.2)
+    eval_q = {e["question"] for e in task.eval_examples()}
+    train_q = {task.train_example(i)["question"] for i in range(task.num_train)}
+    assert not eval_q & train_q and len(eval_q | train_q) == 200
+    assert 20 < len(eval_q) < 60  # about 40 of 200, by hash
+    # Membership is a property of the question, not the seed.
+    assert JsonlTask(path=task.path, eval_fraction=0.2, seed=7).eval_examples() == task.eval_examples()
+
+
+def test_eval_path_drops_its_questions_from_training(tmp_path):
+    train = write(tmp_path, '{"question": "a  b", "answer": "1"}\n{"question": "c", "answer": "2"}\n')
+    held = write(tmp_path, '{"question": "a b", "answer": "1"}\n', "eval.jsonl")
+    task = JsonlTask(path=train, eval_path=held)
+    assert [e["question"] for e in task.eval_examples()] == ["a b"]
+    assert task.num_train == 1 and task.train_example(0)["question"] == "c"  # "a  b" is "a b"
+
+
+def test_train_order_is_an_epochwise_permutation_from_the_seed(tmp_path):
+    task = JsonlTask(path=many_questions(tmp_path, 30), eval_fraction=0.0, seed=3)
+    n = task.num_train
+    epoch0 = [task.train_example(i)["question"] for i in range(n)]
+    epoch1 = [task.train_example(i)["question"] for i in range(n, 2 * n)]
+    assert sorted(epoch0) == sorted(epoch1) and len(set(epoch0)) == n  # each example once per epoch
+    assert epoch0 != epoch1  # reshuffled every epoch
+    fresh = JsonlTask(path=task.path, eval_fraction=0.0, seed=3)
+    assert fresh.train_example(n + 5) == task.train_example(n + 5)  # random access for resumes
+    other = JsonlTask(path=task.path, eval_fraction=0.0, seed=4)
+    assert [other.train_example(i)["question"] for i in range(n)] != epoch0
+
+
+# --- checking model answers ---------------------------------------------------------------------
+
+
+def math_task(template="plain"):
+    return JsonlTask(path=MATH, question_field="problem", answer_field="solution",
+                     template=template, eval_fraction=0.0)
+
+
+@pytest.mark.parametrize(
+    "completion, expected, reason",
+    [
+        ("so \\boxed{\\dfrac{1}{3}}", True, "\\dfrac and \\frac are the same value"),
+        ("\\boxed{1/3}", True, "plain fraction"),
+        ("\\boxed{0.5}", False, "wrong value"),
+        ("\\boxed{1/3} or \\boxed{1/2}", False, "two boxes"),
+        ("1/3", False, "no box"),
+    ],
+)
+def test_math_eval_correct(completion, expected, reason):
+    task = math_task()
+    example = {"answer": "\\frac{1}{3}"}
+    assert task.eval_correct(completion, example) is expected, reason
+
+
+def test_r1_eval_needs_the_box_in_the_answer_block_and_extract_normalises():
+    task = math_task("r1")
+    good = "<think>\nintegrate\n</think>\n<answer>\n\\boxed{\\dfrac{1}{3}}\n</answer>"
+    assert task.eval_correct(good, {"answer": "\\frac{1}{3}"})
+    assert task.extract_answer(good) == "1/3"  # the exact value, so "1/3" and "\\dfrac{1}{3}" vote together
+    outside = "<think>\n\\boxed{1/3}\n</think>\n<answer>\n1/3\n</answer>"
+    assert not task.eval_correct(outside, {"answer": "\\frac{1}{3}"})
+    assert [s.name for s in task.reward_fns()] == ["math", "format"]
+
+
+def test_hostile_text_never_executes_in_jsonl(tmp_path):
+    target = tmp_path / "pwned"
+    payloads = [
+        f"\\boxed{{__import__('os').system('touch {target}')}}",
+        f"<think>\nx\n</think>\n<answer>\n\\boxed{{exec(\"open('{target}','w')\")}}\n</answer>",
+    ]
+    for template in ("plain", "r1"):
+        task = math_task(template)
+        for spec in task.reward_fns():
+            scores = spec.fn(["p"] * 2, payloads, answer=["1"] * 2)
+            if spec.name == "math":
+                assert scores == [0.0, 0.0]
+        for text in payloads:
+            assert not task.eval_correct(text, {"answer": "1"})
+    assert not target.exists()
+
+
+def test_extract_answer_groups_equal_values_for_majority_voting():
+    task = math_task()
+    votes = [task.extract_answer(c) for c in ("\\boxed{0.50}", "\\boxed{\\frac{1}{2}}", "\\boxed{1/2}")]
+    assert votes == ["1/2", "1/2", "1/2"]
+    assert task.extract_answer("\\boxed{2 \\sqrt{2}}") == "2\\sqrt{2}"
+    assert task.extract_answer("\\boxed{1} \\boxed{2}") is None
