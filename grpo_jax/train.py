@@ -466,8 +466,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 if step == t_cfg.steps and eval_examples:
                     metrics.update(run_eval(step))
                 metrics = {"step": step, **metrics}
-                for warning in diagnostics.update(step, metrics):
-                    log.warning(warning)
+                diagnostics.update(step, metrics)  # logs each warning itself
                 if step % t_cfg.log_every == 0 or "eval/pass@1" in metrics:
                     writer.write(step, metrics)
                 history.append(metrics)

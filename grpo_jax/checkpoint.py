@@ -1,0 +1,242 @@
+"""Orbax save/restore of the whole run state: params, optimizer state, PRNG key data, step, data position, config.
+
+One checkpoint per step lives in ``directory/<step>/`` with two items:
+``state`` (a pytree of arrays, written by ``StandardSave``, sharded and asynchronous) and
+``meta`` (a JSON dict: data position, config, anything small the trainer needs to resume).
+
+Safety rules, because a lost good checkpoint costs a whole run:
+- Orbax writes each step into a temporary directory and renames it only when complete, so a
+  crash mid-save leaves a temporary directory, never a half-written step; those are removed
+  when the manager opens the directory (``cleanup_tmp_directories``).
+- ``restore(step=None)`` walks from the newest step down and returns the first one that loads;
+  every step it had to skip is named in a warning with its error.
+- A step that failed is moved aside to ``directory/corrupt/`` only after an older step has
+  loaded, so a wrong ``abstract_state`` (which makes every step fail) never moves anything.
+  Moving it aside matters: the resumed run will reach that step number again and Orbax refuses
+  to overwrite an existing step; it also stops the broken step counting toward ``max_to_keep``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+CORRUPT_SUBDIR = "corrupt"
+
+
+class CheckpointManager:
+    """Saves every ``save_interval_steps`` steps (or when forced), keeps the newest ``max_to_keep``.
+
+    Usage in a training loop::
+
+        ckpt = CheckpointManager(run_dir / "checkpoints", max_to_keep=3, save_interval_steps=100)
+        if ckpt.latest_step() is not None:
+            step, state, meta = ckpt.restore(jax.eval_shape(lambda: state))  # or with shardings
+        ...
+        ckpt.save(step, state, {"data_position": pos, "config": cfg_dict})
+        ...
+        ckpt.save(last_step, state, meta, force=True)   # at the end, whatever the interval
+        ckpt.close()
+
+    ``state`` leaves must be arrays (jax/numpy) or Python scalars. Store a PRNG key as its
+    ``jax.random.key_data`` (uint32) and rebuild it with ``jax.random.wrap_key_data``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_to_keep: int = 3,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+    ):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        self.directory = Path(directory).expanduser().absolute()
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(
+                f"checkpoint directory {self.directory} exists but is a file; pass a directory path"
+            )
+        self.max_to_keep = max_to_keep
+        self.save_interval_steps = save_interval_steps
+        self.async_save = async_save
+        # The Orbax manager is opened lazily: opening creates the directory, and a restore from a
+        # mistyped path must fail with that path rather than silently create an empty one.
+        self._manager: ocp.CheckpointManager | None = None
+        if self.directory.is_dir():
+            self._open()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _open(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            options = ocp.CheckpointManagerOptions(
+                save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(self.save_interval_steps),
+                preservation_policy=ocp.checkpoint_managers.LatestN(self.max_to_keep),
+                enable_async_checkpointing=self.async_save,
+                cleanup_tmp_directories=True,
+                create=True,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        return self._manager
+
+    def _quarantine(self, step: int) -> Path | None:
+        """Moves ``directory/<step>`` to ``directory/corrupt/<step>-<unix time>``; returns the new path."""
+        src = self.directory / str(step)
+        if not src.exists() or jax.process_index() != 0:
+            return None
+        dst_dir = self.directory / CORRUPT_SUBDIR
+        dst_dir.mkdir(exist_ok=True)
+        dst = dst_dir / f"{step}-{int(time.time())}"
+        os.replace(src, dst)
+        return dst
+
+    # -- public API ------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
+        """Starts saving ``state`` and ``meta`` as ``step``; returns whether a save was started.
+
+        Skipped (False) when ``step`` is not a multiple of ``save_interval_steps`` unless ``force``,
+        and when ``step`` is already on disk (so a forced final save after an interval save of the
+        same step is harmless). With ``async_save`` the arrays are copied to host before this
+        returns, so the caller may donate or overwrite them; files are written in the background.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        if not isinstance(meta, dict):
+            raise TypeError(f"checkpoint meta must be a dict, got {type(meta).__name__}")
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"checkpoint meta for step {step} must be JSON-serialisable (dict/list/str/int/float/bool/None): {e}"
+            ) from e
+        manager = self._open()
+        if step in manager.all_steps():
+            log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
+            return False
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        return bool(manager.save(step, args=args, force=force))
+
+    def all_steps(self) -> list[int]:
+        """Steps on disk, oldest first (not checked for integrity; ``restore`` does that)."""
+        if self._manager is None:
+            return []
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest step on disk, or None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+        """Returns ``(step, state, meta)``.
+
+        abstract_state: the pytree to restore into, with ``jax.ShapeDtypeStruct`` leaves (give each
+          a ``.sharding`` to restore sharded; ``jax.eval_shape`` of the init function works).
+        step: a specific step (no fallback: if it fails, that error is raised), or None for the
+          newest step that loads; newer ones that fail are named in a warning and moved aside.
+        """
+        if not self.directory.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {self.directory} does not exist")
+        manager = self._open()
+        manager.wait_until_finished()  # a save still in flight must land before we read the disk
+        steps = self.all_steps()
+        if not steps:
+            raise FileNotFoundError(
+                f"no checkpoints in {self.directory}: expected step directories such as "
+                f"{self.directory / '100'} written by grpo_jax.checkpoint.CheckpointManager.save"
+            )
+        if step is not None:
+            if step not in steps:
+                raise FileNotFoundError(
+                    f"checkpoint step {step} not found in {self.directory}; available steps: {steps}"
+                )
+            restored_state, meta = self._restore_step(manager, abstract_state, step)
+            return step, restored_state, meta
+
+        failures: list[tuple[int, Exception]] = []
+        for candidate in reversed(steps):
+            try:
+                restored_state, meta = self._restore_step(manager, abstract_state, candidate)
+            except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
+                failures.append((candidate, e))
+                continue
+            for bad_step, err in failures:
+                moved = self._quarantine(bad_step)
+                log.warning(
+                    "checkpoint step %d in %s is corrupt or partial (%s: %s); restored step %d instead%s",
+                    bad_step, self.directory, type(err).__name__, _first_line(err), candidate,
+                    f"; moved it to {moved}" if moved else "",
+                )
+            if failures:
+                manager.reload()
+            return candidate, restored_state, meta
+        details = "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}" for s, e in failures)
+        raise RuntimeError(
+            f"no checkpoint in {self.directory} could be restored (nothing was moved or deleted). "
+            f"If every step fails the same way, abstract_state probably does not match what was saved. {details}"
+        )
+
+    @staticmethod
+    def _restore_step(manager: ocp.CheckpointManager, abstract_state: Any, step: int) -> tuple[Any, dict]:
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+        restored = manager.restore(step, args=args)
+        meta = restored["meta"]
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta item of step {step} is {type(meta).__name__}, expected a JSON object")
+        _check_restored_matches(abstract_state, restored["state"], step)
+        return restored["state"], meta
+
+    def wait_until_finished(self) -> None:
+        """Blocks until any asynchronous save has been written and committed."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases Orbax's background resources."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
+            self._manager = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_restored_matches(abstract_state: Any, restored: Any, step: int) -> None:
+    """Raises ValueError when a restored leaf's shape or dtype differs from the requested one."""
+    paths_abstract, _ = jax.tree_util.tree_flatten_with_path(abstract_state)
+    leaves_restored = jax.tree_util.tree_leaves(restored)
+    if len(paths_abstract) != len(leaves_restored):
+        raise ValueError(
+            f"step {step}: restored {len(leaves_restored)} leaves, abstract_state has {len(paths_abstract)}"
+        )
+    for (path, want), got in zip(paths_abstract, leaves_restored):
+        if not hasattr(want, "shape"):
+            continue
+        if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
+            raise ValueError(
+                f"step {step}: leaf {jax.tree_util.keystr(path)} restored as {got.dtype}{list(got.shape)}, "
+                f"abstract_state asks for {want.dtype}{list(want.shape)}"
+            )
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else repr(err)

@@ -1,0 +1,152 @@
+"""Each cheat-sheet warning fires on a synthetic run showing its signal, once per episode; a healthy run is quiet."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from grpo_jax.diagnostics import Diagnostics
+
+
+def healthy_run(n_steps: int = 120, seed: int = 0) -> list[dict]:
+    """Reward and held-out accuracy rise together, entropy eases off, KL grows smoothly."""
+    rng = np.random.default_rng(seed)
+    run = []
+    for s in range(n_steps):
+        f = s / n_steps
+        m = {
+            "reward": 0.2 + 0.4 * f + rng.normal(0, 0.02),
+            "kl": 0.05 * f + abs(rng.normal(0, 0.001)),
+            "entropy": 1.0 - 0.3 * f + rng.normal(0, 0.01),
+            "frac_reward_zero_std": 0.2 + rng.normal(0, 0.02),
+            "completions/mean_length": 200 + rng.normal(0, 5),
+            "completions/clipped_ratio": 0.02 + abs(rng.normal(0, 0.005)),
+            "clip_ratio/region_mean": 0.01,
+        }
+        if s % 10 == 9:  # held-out evaluation every 10 steps, in the same record
+            m["eval/pass@1"] = 0.2 + 0.4 * f
+            m["eval/pass@8"] = 0.5 + 0.2 * f
+        run.append(m)
+    return run
+
+
+def feed(diag: Diagnostics, run: list[dict]) -> list[tuple[int, str]]:
+    return [(step, msg) for step, m in enumerate(run) for msg in diag.update(step, m)]
+
+
+def test_healthy_run_is_quiet():
+    for seed in range(3):
+        assert feed(Diagnostics(), healthy_run(seed=seed)) == []
+
+
+def test_entropy_collapse_fires_once_with_cause_and_fix(caplog):
+    run = healthy_run()
+    for s in range(60, 120):  # entropy 0.85 -> 0.05 while zero-variance climbs (below 0.5: no second warning)
+        run[s]["entropy"] = max(0.05, 0.85 - 0.03 * (s - 60))
+        run[s]["frac_reward_zero_std"] = 0.2 + 0.004 * (s - 60)
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.diagnostics"):
+        warnings = feed(Diagnostics(), run)
+    assert len(warnings) == 1  # once per episode, not every step of the collapse
+    step, msg = warnings[0]
+    # Start level ~0.99, so the bar is ~0.247; the 10-step mean ending at step s is
+    # 0.85 - 0.03 * (s - 64.5), under the bar from s = 85.
+    assert step == 85
+    assert "entropy_collapse" in msg and "raise the sampling temperature" in msg and "zero-variance" in msg
+    assert "eval/pass@8" in msg  # the pass@k trend is part of the evidence
+    assert [r.getMessage() for r in caplog.records] == [msg]
+
+
+def test_kl_spike_fires_at_the_spike_and_rearms_after_it_clears():
+    run = healthy_run()
+    run[50]["kl"] = 0.5  # ~25x the median of the previous 10 steps (~0.02)
+    run[90]["kl"] = 0.6  # a second, separate episode: the first cleared long ago
+    warnings = feed(Diagnostics(), run)
+    assert [s for s, _ in warnings] == [50, 90]
+    assert "kl_spike" in warnings[0][1] and "read the samples from step 50" in warnings[0][1]
+
+
+def test_kl_spikes_close_together_are_one_episode():
+    run = healthy_run()
+    for s in (50, 53, 56):  # clear for only 2 steps between them, fewer than rearm_steps=10
+        run[s]["kl"] = 0.5
+    assert [s for s, _ in feed(Diagnostics(), run)] == [50]
+    assert [s for s, _ in feed(Diagnostics(rearm_steps=2), run)] == [50, 53, 56]
+
+
+def test_reward_rising_while_heldout_flat_suggests_hacking():
+    run = healthy_run()
+    for s, m in enumerate(run):
+        # Training reward 0.2 until step 40, +0.015 per step to 0.8 at step 80; held-out stays at 0.3.
+        m["reward"] = 0.2 + 0.015 * min(max(s - 40, 0), 40)
+        if "eval/pass@1" in m:
+            m["eval/pass@1"] = 0.3
+    warnings = feed(Diagnostics(), run)
+    assert len(warnings) == 1
+    step, msg = warnings[0]
+    # Evals at 9, 19, ...; first vs third of the last three. At 49 the 10-step reward mean is
+    # 0.2675, only 0.0675 above the eval at 29; at 59 it is 0.4175, 0.2175 above the eval at 39.
+    assert step == 59
+    assert "reward_up_heldout_flat" in msg and "0.200 -> 0.417" in msg and "tighten the verifier" in msg
+
+
+def test_reward_and_heldout_rising_together_is_healthy():
+    run = healthy_run()
+    for s, m in enumerate(run):
+        m["reward"] = 0.2 + 0.015 * min(max(s - 40, 0), 40)
+        if "eval/pass@1" in m:
+            m["eval/pass@1"] = 0.2 + 0.01 * min(max(s - 40, 0), 40)  # held-out follows
+    assert feed(Diagnostics(), run) == []
+
+
+def test_high_zero_variance_with_flat_reward_points_at_difficulty():
+    run = healthy_run()
+    for s in range(40, 120):
+        run[s]["reward"] = 0.92 + (0.01 if s % 2 else -0.01)  # flat and mostly solved
+        run[s]["frac_reward_zero_std"] = 0.7
+    warnings = feed(Diagnostics(), run)
+    assert len(warnings) == 1
+    step, msg = warnings[0]
+    assert 49 <= step <= 60
+    assert "high_zero_variance" in msg and "too easy" in msg and "filter prompts by difficulty" in msg
+
+
+def test_rising_truncation_points_at_rambling():
+    run = healthy_run()
+    for s in range(60, 120):
+        run[s]["completions/clipped_ratio"] = 0.02 + 0.01 * (s - 60)
+        run[s]["completions/mean_length"] = 200 + 5 * (s - 60)
+    warnings = feed(Diagnostics(), run)
+    assert len(warnings) == 1
+    step, msg = warnings[0]
+    assert 70 <= step <= 80  # window mean passes 0.1 around step 73
+    assert "truncation_rising" in msg and "length penalty" in msg and "mean length" in msg
+
+
+def test_high_clip_fraction_with_jumpy_reward_says_updates_too_big():
+    run = healthy_run()
+    for s in range(60, 120):
+        run[s]["reward"] = 0.6 if s % 2 else 0.2  # swings by 0.4 every step
+        run[s].pop("clip_ratio/region_mean")
+        run[s]["clip_ratio/low_mean"] = 0.15  # the low and high sides add up to 0.3
+        run[s]["clip_ratio/high_mean"] = 0.15
+    warnings = feed(Diagnostics(), run)
+    names = [msg.split(":")[0].split("] ")[1] for _, msg in warnings]
+    assert names == ["clip_high_reward_unstable"]
+    assert "lower the learning rate" in warnings[0][1]
+
+
+def test_high_clip_fraction_alone_is_not_enough():
+    run = healthy_run()
+    for m in run:
+        m["clip_ratio/region_mean"] = 0.3  # high clipping but the reward curve is smooth
+    assert feed(Diagnostics(), run) == []
+
+
+def test_thresholds_are_parameters_and_unknown_names_are_errors():
+    run = healthy_run()
+    run[50]["kl"] = 0.5
+    assert feed(Diagnostics(kl_spike_factor=100.0), run) == []  # 25x is under a 100x threshold
+    with pytest.raises(TypeError, match="kl_spike_facter.*allowed"):
+        Diagnostics(kl_spike_facter=3.0)
+    with pytest.raises(ValueError, match="window must be >= 2"):
+        Diagnostics(window=1)

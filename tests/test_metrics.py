@@ -1,0 +1,134 @@
+"""metrics.jsonl round trip, the console line, samples (random + highest reward), TensorBoard when present."""
+
+import json
+import math
+import sys
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.metrics import MetricsWriter, metric_series, read_metrics
+
+
+def test_jsonl_round_trip_with_numpy_jax_and_nan(tmp_path):
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        w.write(1, {"reward": 0.25, "kl": np.float32(0.5), "entropy": jnp.asarray(1.5), "grad_norm": float("nan")})
+        w.write(2, {"reward": 0.75, "eval/pass@8": 0.786})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    # Strict JSON: NaN is written as null (jq and pandas reject a bare NaN).
+    assert json.loads(lines[0]) == {"step": 1, "reward": 0.25, "kl": 0.5, "entropy": 1.5, "grad_norm": None}
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert math.isnan(records[0]["grad_norm"])
+    assert records[1] == {"step": 2, "reward": 0.75, "eval/pass@8": 0.786}
+
+
+def test_resumed_run_appends_and_series_keeps_last_write_per_step(tmp_path):
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        for step in (1, 2, 3):
+            w.write(step, {"reward": 0.1 * step})
+    # Crash after step 3, resume from a checkpoint at step 2: step 3 is written again.
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        w.write(3, {"reward": 0.9})
+        w.write(4, {"reward": 1.0})
+    steps, values = metric_series(read_metrics(tmp_path), "reward")
+    np.testing.assert_array_equal(steps, [1, 2, 3, 4])
+    np.testing.assert_allclose(values, [0.1, 0.2, 0.9, 1.0])
+    assert metric_series(read_metrics(tmp_path), "kl")[0].size == 0  # absent metric: empty series
+
+
+def test_cut_off_last_line_is_skipped_but_bad_middle_line_is_an_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
+    assert read_metrics(tmp_path) == [{"step": 1, "reward": 0.5}]
+    path.write_text('{"step": 1, "reward": 0.5}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2"):
+        read_metrics(tmp_path)
+
+
+def test_missing_run_dir_or_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        read_metrics(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        read_metrics(tmp_path)
+
+
+def test_bad_metric_values_name_the_metric(tmp_path):
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        with pytest.raises(TypeError, match="'reward'"):
+            w.write(1, {"reward": np.ones(3)})
+        with pytest.raises(ValueError, match=r"metrics\['step'\] = 3 differs from the step argument 1"):
+            w.write(1, {"step": 3})
+        w.write(2, {"step": 2, "reward": 1.0})  # a repeated step key is fine
+    assert read_metrics(tmp_path) == [{"step": 2, "reward": 1.0}]
+
+
+def test_progress_line_shows_key_figures_bar_and_eta(tmp_path, monkeypatch, capsys):
+    clock = iter([100.0, 104.0])  # 2 steps in 4 s -> 2 s/step; 96 steps left -> 192 s
+    monkeypatch.setattr("grpo_jax.metrics.time.monotonic", lambda: next(clock))
+    with MetricsWriter(tmp_path, total_steps=100, tensorboard=False) as w:
+        w.write(2, {"reward": 0.5, "kl": 0.0031, "entropy": 0.9, "completions/mean_length": 181.0, "lr": 1e-6})
+        w.write(4, {"reward": 0.6, "kl": 0.004, "entropy": 0.8, "completions/mean_length": 190.0})
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert first.startswith("step   2/100 [--------------------]   2%")
+    assert "reward 0.5 kl 0.0031 entropy 0.9 len 181" in first and "lr" not in first
+    assert "[#-------------------]   4%" in second
+    assert second.endswith("2.00 s/step ETA 3m12s")
+
+
+def test_samples_print_random_and_top_reward_and_keep_all(tmp_path, capsys):
+    samples = [
+        {"prompt": f"Q{i}", "completion": f"answer text {i}", "reward": 0.0, "rewards": {"correct": 0.0}, "answer": "7"}
+        for i in range(20)
+    ]
+    samples[13]["reward"] = 1.5  # the one a hack would show up as
+    samples[13]["completion"] = "\\boxed{7} \\boxed{8}"
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False) as w:
+        w.write_samples(5, samples, n_random=5, n_top=1)
+    out = capsys.readouterr().out
+    assert "samples at step 5: 20 completions" in out
+    assert out.count("[#") == 6  # 5 random + 1 top (13 is not among the random ones for seed 5)
+    top_section = out.split("highest reward")[1]
+    assert "[#13] reward=1.5 (rewards/correct=0.0) | answer: 7" in top_section
+    stored = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(stored) == 20  # every sample is kept, not only the printed ones
+    assert [s["shown"] for s in stored].count("random") == 5
+    assert stored[13]["shown"] == "top" and stored[13]["step"] == 5
+
+
+def test_long_completion_is_cut_in_the_middle(tmp_path, capsys):
+    text = "A" * 1000 + "B" * 1000
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False) as w:
+        w.write_samples(1, [{"completion": text, "reward": 1.0}], max_chars=100)
+    out = capsys.readouterr().out
+    assert "A" * 50 + "\n  [... 1900 chars cut ...]\n" + "B" * 50 in out
+
+
+def test_samples_missing_fields_is_a_clear_error(tmp_path):
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        with pytest.raises(ValueError, match=r"samples\[1\].*'completion' and 'reward'"):
+            w.write_samples(1, [{"completion": "a", "reward": 1}, {"text": "b"}])
+
+
+def test_tensorboard_scalars_when_tensorboardx_is_installed(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeWriter:
+        def __init__(self, logdir):
+            calls.append(("open", logdir))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            calls.append(("close",))
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", types.SimpleNamespace(SummaryWriter=FakeWriter))
+    with MetricsWriter(tmp_path, total_steps=10, console=False) as w:
+        w.write(3, {"reward": 0.5, "kl": 0.25})
+    assert calls == [("open", str(tmp_path / "tensorboard")), ("reward", 0.5, 3), ("kl", 0.25, 3), ("close",)]
