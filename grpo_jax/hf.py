@@ -1,0 +1,323 @@
+"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5 and Qwen3 causal LMs, safetensors only.
+
+    model = hf.load_model("/ckpt/Qwen2.5-0.5B", dtype="bfloat16")   # model(tokens_BxT) -> logits_BxTxV
+    hf.save_model(model, "/out/policy", base_config=hf.read_config("/ckpt/Qwen2.5-0.5B"))
+
+Weights are read with `safetensors` into numpy (no torch), one tensor at a time, and mapped onto
+the parameter tree documented in `grpo_jax/model.py` (HF Linear weights are [out, in]; ours are
+[in, ...] with heads split out, so loading is a transpose and a reshape, saving the inverse).
+Both directions are exact, so save-then-load returns bit-identical parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from grpo_jax.model import ModelConfig, RopeScaling, Transformer
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+# Tensors some checkpoints carry that hold nothing we need (old Llama exports saved RoPE tables).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_config(path: str | pathlib.Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict."""
+    file = pathlib.Path(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"no config.json in checkpoint directory {pathlib.Path(path)}")
+    return json.loads(file.read_text())
+
+
+def architecture_of(hf_config: dict[str, Any]) -> str:
+    """'LlamaForCausalLM', 'Qwen2ForCausalLM' or 'Qwen3ForCausalLM', else a ValueError."""
+    archs = hf_config.get("architectures") or []
+    arch = archs[0] if archs else _MODEL_TYPES.get(hf_config.get("model_type", ""), None)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        found = archs or hf_config.get("model_type")
+        raise ValueError(f"unsupported architecture {found!r} in config.json; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def _rope(hf_config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers < 5 writes rope_theta + rope_scaling; 5.x nests both in rope_parameters.
+    params = hf_config.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta", hf_config.get("rope_theta", 10000.0)))
+    scaling = hf_config.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ValueError(f"config.json rope type {kind!r} is not supported; supported: 'default', "
+                         "'llama3'")
+    return theta, RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )
+
+
+def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
+                   param_dtype: str | None = None) -> ModelConfig:
+    """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors."""
+    arch = architecture_of(hf_config)
+    act = hf_config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json hidden_act {act!r} is not supported; supported: 'silu'")
+    # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which the model lacks.
+    if arch != "Qwen2ForCausalLM" and hf_config.get("attention_bias", False):
+        raise ValueError(f"config.json attention_bias=true ({arch}) is not supported; supported: false")
+    if hf_config.get("mlp_bias", False):
+        raise ValueError("config.json mlp_bias=true is not supported; supported: false")
+    sliding = hf_config.get("use_sliding_window", False) or "sliding_attention" in (
+        hf_config.get("layer_types") or [])
+    if sliding:
+        raise ValueError("config.json use_sliding_window / sliding_attention layers are not "
+                         "supported; supported: full attention in every layer")
+    heads = int(hf_config["num_attention_heads"])
+    hidden = int(hf_config["hidden_size"])
+    theta, scaling = _rope(hf_config)
+    return ModelConfig(
+        vocab_size=int(hf_config["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(hf_config["intermediate_size"]),
+        num_layers=int(hf_config["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
+        head_dim=int(hf_config.get("head_dim") or hidden // heads),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and no o bias)
+        qk_norm=arch == "Qwen3ForCausalLM",
+        param_dtype=param_dtype or dtype,
+        dtype=dtype,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One HF tensor: its name and shape, where it lives in our tree, and both conversions."""
+
+    hf_name: str
+    hf_shape: tuple[int, ...]
+    path: tuple[Any, ...]
+    to_ours: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _linear(*out_dims: int) -> tuple[Callable, Callable]:
+    """HF Linear [prod(out), in] <-> ours [in, *out] (out split into e.g. heads x head_dim)."""
+    def to_ours(w):
+        return w.T.reshape(w.shape[1], *out_dims)
+
+    def to_hf(w):
+        return w.reshape(w.shape[0], -1).T
+    return to_ours, to_hf
+
+
+def weight_map(config: ModelConfig) -> list[_Entry]:
+    """Every HF tensor name the config implies, with its HF shape and our parameter path."""
+    c = config
+    d, f, v, n, k, h = (c.hidden_size, c.intermediate_size, c.vocab_size, c.num_heads,
+                        c.num_kv_heads, c.head_dim)
+    same = (lambda w: w, lambda w: w)
+    entries = [_Entry("model.embed_tokens.weight", (v, d), ("embed",), *same)]
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        ours = ("layers", i)
+        entries += [
+            _Entry(p + "input_layernorm.weight", (d,), ours + ("attn_norm",), *same),
+            _Entry(p + "self_attn.q_proj.weight", (n * h, d), ours + ("attn", "q_proj"), *_linear(n, h)),
+            _Entry(p + "self_attn.k_proj.weight", (k * h, d), ours + ("attn", "k_proj"), *_linear(k, h)),
+            _Entry(p + "self_attn.v_proj.weight", (k * h, d), ours + ("attn", "v_proj"), *_linear(k, h)),
+            _Entry(p + "self_attn.o_proj.weight", (d, n * h), ours + ("attn", "o_proj"),
+                   lambda w, n=n, h=h: w.T.reshape(n, h, w.shape[0]),
+                   lambda w: w.reshape(-1, w.shape[-1]).T),
+            _Entry(p + "post_attention_layernorm.weight", (d,), ours + ("mlp_norm",), *same),
+            _Entry(p + "mlp.gate_proj.weight", (f, d), ours + ("mlp", "gate_proj"), *_linear(f)),
+            _Entry(p + "mlp.up_proj.weight", (f, d), ours + ("mlp", "up_proj"), *_linear(f)),
+            _Entry(p + "mlp.down_proj.weight", (d, f), ours + ("mlp", "down_proj"), *_linear(d)),
+        ]
+        if c.qkv_bias:
+            for name, heads in (("q", n), ("k", k), ("v", k)):
+                entries.append(_Entry(p + f"self_attn.{name}_proj.bias", (heads * h,),
+                                      ours + ("attn", f"{name}_bias"),
+                                      lambda b, heads=heads: b.reshape(heads, h),
+                                      lambda b: b.reshape(-1)))
+        if c.qk_norm:
+            entries += [_Entry(p + "self_attn.q_norm.weight", (h,), ours + ("attn", "q_norm"), *same),
+                        _Entry(p + "self_attn.k_norm.weight", (h,), ours + ("attn", "k_norm"), *same)]
+    entries.append(_Entry("model.norm.weight", (d,), ("final_norm",), *same))
+    if not c.tie_embeddings:
+        entries.append(_Entry("lm_head.weight", (v, d), ("lm_head",), *_linear(v)))
+    return entries
+
+
+def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Tensor name -> the safetensors file holding it (sharded index, single file, or all files)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        mapping = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in mapping.items()}
+    files = [path / "model.safetensors"] if (path / "model.safetensors").is_file() else sorted(
+        path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no model.safetensors, model.safetensors.index.json or *.safetensors "
+                                f"in checkpoint directory {path}")
+    out = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            out.update({name: file for name in f.keys()})
+    return out
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+    for key in path[:-1]:
+        tree = tree[key]
+    tree[path[-1]] = value
+
+
+def _get(tree: dict, path: tuple):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
+               param_dtype: str | None = None) -> Transformer:
+    """Reads an HF checkpoint directory into a Transformer; model(tokens_BxT) -> logits_BxTxV.
+
+    `dtype` is the compute dtype and, unless `param_dtype` is given, the weights' dtype too.
+    A tensor that is missing, misshapen or unexpected is an error naming it.
+    """
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    config = config_from_hf(read_config(path), dtype=dtype, param_dtype=param_dtype)
+    np_dtype = _NP_DTYPES[config.param_dtype]
+    files = _tensor_files(path)
+    entries = weight_map(config)
+    expected = {e.hf_name for e in entries}
+    ignorable = [name for name in files
+                 if name.endswith(_IGNORED_SUFFIXES) or (config.tie_embeddings and name == "lm_head.weight")]
+    unexpected = sorted(set(files) - expected - set(ignorable))
+    if unexpected:
+        raise ValueError(f"checkpoint {path} has tensors the {architecture_of(read_config(path))} "
+                         f"mapping does not use: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+
+    # Build the module abstractly (no random init of weights we are about to overwrite).
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    pure = nnx.to_pure_dict(state)
+    handles: dict[pathlib.Path, Any] = {}
+    try:
+        for e in entries:
+            if e.hf_name not in files:
+                raise ValueError(f"checkpoint {path} is missing tensor {e.hf_name} "
+                                 f"(expected shape {e.hf_shape})")
+            file = files[e.hf_name]
+            if file not in handles:
+                if not file.is_file():
+                    raise FileNotFoundError(f"safetensors file {file} (listed for {e.hf_name}) not found")
+                handles[file] = safe_open(str(file), framework="numpy").__enter__()
+            array = handles[file].get_tensor(e.hf_name)
+            if tuple(array.shape) != e.hf_shape:
+                raise ValueError(f"tensor {e.hf_name} in {file.name} has shape {tuple(array.shape)}, "
+                                 f"expected {e.hf_shape} from config.json")
+            ours = e.to_ours(array.astype(np_dtype, copy=False))
+            target = _get(pure, e.path)
+            assert ours.shape == target.shape, (e.hf_name, ours.shape, target.shape)
+            _set(pure, e.path, jnp.asarray(ours))
+    finally:
+        for handle in handles.values():
+            handle.__exit__(None, None, None)
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+
+def _architecture_for(config: ModelConfig) -> str:
+    if config.qkv_bias and config.qk_norm:
+        raise ValueError("no supported HF architecture has both qkv_bias and qk_norm; supported: "
+                         "LlamaForCausalLM (neither), Qwen2ForCausalLM (qkv_bias), "
+                         "Qwen3ForCausalLM (qk_norm)")
+    if config.qkv_bias:
+        return "Qwen2ForCausalLM"
+    return "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
+
+
+def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json for `config`. Fields of `base_config` (the source checkpoint's config.json:
+    token ids, max_position_embeddings, ...) are kept unless the model defines them."""
+    arch = _architecture_for(config)
+    out = dict(base_config or {})
+    for stale in ("rope_parameters", "rope_scaling", "rope_theta", "dtype", "torch_dtype",
+                  "layer_types", "sliding_window", "use_sliding_window", "transformers_version"):
+        out.pop(stale, None)
+    c = config
+    out.update({
+        "architectures": [arch],
+        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+        # The pre-5.0 spelling: transformers 5 converts it, and vLLM reads both.
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None if c.rope_scaling is None else {
+            "rope_type": "llama3", **dataclasses.asdict(c.rope_scaling)},
+        "torch_dtype": c.param_dtype,
+    })
+    out.setdefault("max_position_embeddings", 4096)
+    if arch != "Qwen2ForCausalLM":
+        out["attention_bias"] = False
+    if arch == "LlamaForCausalLM":
+        out["mlp_bias"] = False
+    if arch == "Qwen2ForCausalLM":
+        out["use_sliding_window"] = False
+    return out
+
+
+def save_model(model: Transformer, path: str | pathlib.Path, *,
+               base_config: dict[str, Any] | None = None) -> pathlib.Path:
+    """Writes config.json + model.safetensors (HF layout, param dtype) into directory `path`.
+
+    transformers' `AutoModelForCausalLM.from_pretrained(path)` and vLLM load the result. Pass the
+    source checkpoint's config.json as `base_config` to keep its token ids and context length.
+    """
+    path = pathlib.Path(path)
+    _architecture_for(model.config)  # fail before any work when no HF architecture fits
+    if (path / "model.safetensors.index.json").exists():
+        raise FileExistsError(f"{path} already holds a sharded checkpoint "
+                              "(model.safetensors.index.json); save into an empty directory")
+    config = model.config
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    tensors = {}
+    for e in weight_map(config):
+        array = np.ascontiguousarray(e.to_hf(np.asarray(_get(pure, e.path))))
+        assert array.shape == e.hf_shape, (e.hf_name, array.shape, e.hf_shape)
+        tensors[e.hf_name] = array
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(hf_config_from(config, base_config), indent=2) + "\n")
+    return path

@@ -1,0 +1,267 @@
+"""Hugging Face import/export: our logits equal transformers', tensors map exactly, errors say what.
+
+The committed fixtures (tests/fixtures/hf_*, made by tests/fixtures/make_hf_fixtures.py with
+transformers) run without torch. Tests marked `parity` build fresh models with transformers and
+skip when torch/transformers are not installed (`pip install -e '.[parity]'`).
+"""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from grpo_jax import hf
+from grpo_jax.model import ModelConfig, RopeScaling, forward
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+ARCHS = ["llama", "qwen2", "qwen3"]
+_jit_forward = jax.jit(forward, static_argnums=0)
+
+
+def _params(model):
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _masked_max_diff(model, expected) -> float:
+    tokens, mask = jnp.asarray(expected["tokens_BxT"]), jnp.asarray(expected["mask_BxT"])
+    graphdef, params = nnx.split(model, nnx.Param)
+    # Jitted: op-by-op eager execution of the model takes ~20 s on a busy 2-core machine.
+    logits = np.asarray(_jit_forward(graphdef, params, tokens, mask))
+    real = expected["mask_BxT"].astype(bool)  # padding positions' logits are unused by design
+    return float(np.abs(logits - expected["logits_BxTxV"])[real].max())
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """A writable copy of a fixture checkpoint."""
+    def copy(name):
+        dst = tmp_path / name
+        shutil.copytree(FIXTURES / f"hf_{name}", dst)
+        return dst
+    return copy
+
+
+# ---------------------------------------------------------------- logits vs transformers (fixtures)
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_fixture_logits_match_transformers(name):
+    # transformers' float32 logits on the same tokens (row 1 left-padded, per-row positions):
+    # measured max abs diff ~5e-6 on logits of magnitude ~4, i.e. float32 rounding.
+    model = hf.load_model(FIXTURES / f"hf_{name}")
+    assert _masked_max_diff(model, np.load(FIXTURES / f"hf_{name}" / "expected.npz")) < 1e-4
+
+
+def test_fixture_is_sensitive_to_llama3_rope_scaling(ckpt):
+    # Without the Llama-3 frequency scaling the same weights give visibly different logits, so the
+    # fixture comparison above really checks the scaling (and not just the weight mapping).
+    path = ckpt("llama")
+    cfg = hf.read_config(path)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert _masked_max_diff(hf.load_model(path), np.load(path / "expected.npz")) > 1e-2
+
+
+# ---------------------------------------------------------------- config.json -> ModelConfig
+
+def test_config_from_hf_qwen25_05b():
+    # Qwen2.5-0.5B's config.json (transformers 4.x spelling): head_dim = 896 / 14 = 64.
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+           "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+           "vocab_size": 151936, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 32768,
+           "hidden_act": "silu", "rope_scaling": None}
+    assert hf.config_from_hf(cfg, dtype="bfloat16") == ModelConfig(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+        num_kv_heads=2, head_dim=64, rope_theta=1e6, rope_scaling=None, rms_norm_eps=1e-6,
+        tie_embeddings=True, qkv_bias=True, qk_norm=False, param_dtype="bfloat16", dtype="bfloat16")
+
+
+def test_config_from_hf_llama31_rope_scaling_both_spellings():
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "rms_norm_eps": 1e-5}
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    v4 = hf.config_from_hf({**base, "rope_theta": 500000.0, "rope_scaling": scaling})
+    v5 = hf.config_from_hf({**base, "rope_parameters": {**scaling, "rope_theta": 500000.0}})
+    assert v4 == v5
+    assert (v4.head_dim, v4.rope_theta, v4.qkv_bias, v4.qk_norm) == (128, 500000.0, False, False)
+    assert v4.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
+
+
+def test_config_from_hf_qwen3_takes_head_dim_from_config():
+    # Qwen3-0.6B: 16 heads x head_dim 128 = 2048 != hidden 1024, so head_dim must be read, not derived.
+    cfg = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+           "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+           "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0,
+           "tie_word_embeddings": True}
+    c = hf.config_from_hf(cfg)
+    assert (c.head_dim, c.qk_norm, c.qkv_bias, c.tie_embeddings) == (128, True, False, True)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["GemmaForCausalLM"]},
+     "unsupported architecture.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    ({"attention_bias": True}, "attention_bias=true"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'.*'llama3'"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding"),
+])
+def test_config_from_hf_rejects_what_the_model_lacks(change, message):
+    cfg = {**hf.read_config(FIXTURES / "hf_llama"), **change}
+    with pytest.raises(ValueError, match=message):
+        hf.config_from_hf(cfg)
+
+
+# ---------------------------------------------------------------- bad checkpoints
+
+def _rewrite_tensors(path, edit):
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_missing_tensor_names_it_and_its_shape(ckpt):
+    path = ckpt("qwen2")
+    _rewrite_tensors(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
+    with pytest.raises(ValueError, match=r"missing tensor model\.layers\.1\.self_attn\.k_proj\.bias "
+                                         r"\(expected shape \(16,\)\)"):
+        hf.load_model(path)
+
+
+def test_misshapen_tensor_names_both_shapes(ckpt):
+    path = ckpt("llama")
+    name = "model.layers.0.self_attn.q_proj.weight"  # [N*H, D] = [32, 32]; make it [32, 31]
+    _rewrite_tensors(path, lambda t: t.update({name: t[name][:, :31].copy()}))
+    with pytest.raises(ValueError, match=rf"{name} in model.safetensors has shape \(32, 31\), "
+                                         r"expected \(32, 32\)"):
+        hf.load_model(path)
+
+
+def test_unexpected_tensor_is_an_error_but_stale_rope_tables_are_not(ckpt):
+    path = ckpt("llama")
+    _rewrite_tensors(path, lambda t: t.update(
+        {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32)}))
+    hf.load_model(path)  # old Llama exports carry RoPE tables; they are recomputed, not read
+    _rewrite_tensors(path, lambda t: t.update(
+        {"model.layers.0.self_attn.o_proj.bias": np.ones(32, np.float32)}))
+    with pytest.raises(ValueError, match=r"does not use: \['model\.layers\.0\.self_attn\.o_proj\.bias'\]"):
+        hf.load_model(path)
+
+
+def test_missing_files_name_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint directory not found: .*nowhere"):
+        hf.load_model(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hf.load_model(tmp_path)
+    shutil.copy(FIXTURES / "hf_llama" / "config.json", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        hf.load_model(tmp_path)
+
+
+# ---------------------------------------------------------------- sharded checkpoints
+
+def test_sharded_checkpoint_loads_the_same_weights(ckpt, tmp_path):
+    single = ckpt("qwen3")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(single / "config.json", sharded)
+    tensors = load_file(str(single / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    a, b = _params(hf.load_model(single)), _params(hf.load_model(sharded))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    with pytest.raises(FileExistsError, match="sharded checkpoint"):
+        hf.save_model(hf.load_model(single), sharded)
+
+
+# ---------------------------------------------------------------- export
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_save_then_load_is_exact(name, tmp_path):
+    src = FIXTURES / f"hf_{name}"
+    model = hf.load_model(src)
+    out = hf.save_model(model, tmp_path / "out", base_config=hf.read_config(src))
+    # The written tensors are transformers' own, bit for bit (a tied model writes no lm_head).
+    original, saved = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    if model.config.tie_embeddings:
+        original.pop("lm_head.weight", None)
+    assert sorted(saved) == sorted(original)
+    for k in original:
+        np.testing.assert_array_equal(saved[k], original[k], err_msg=k)
+    again = hf.load_model(out)
+    assert again.config == model.config
+    jax.tree.map(np.testing.assert_array_equal, _params(again), _params(model))
+    cfg = hf.read_config(out)
+    # Kept from the source config; the rope spelling is the one every reader understands.
+    assert (cfg["eos_token_id"], cfg["max_position_embeddings"]) == (2 if name == "llama" else None, 128)
+    assert "rope_parameters" not in cfg and cfg["architectures"] == [hf.architecture_of(hf.read_config(src))]
+
+
+def test_bfloat16_load_and_save_round_trip(tmp_path):
+    model = hf.load_model(FIXTURES / "hf_qwen2", dtype="bfloat16")
+    params = _params(model)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    expected = np.load(FIXTURES / "hf_qwen2" / "expected.npz")
+    # bf16 weights and activations: ~1% of the logit scale (~4), not float32's 1e-6.
+    assert _masked_max_diff(model, expected) < 0.25
+    out = hf.save_model(model, tmp_path / "bf16")
+    assert load_file(str(out / "model.safetensors"))["model.norm.weight"].dtype == jnp.bfloat16
+    assert hf.read_config(out)["torch_dtype"] == "bfloat16"
+    jax.tree.map(np.testing.assert_array_equal, _params(hf.load_model(out, dtype="bfloat16")), params)
+    # A bf16 checkpoint (as Qwen and Llama ship) read into float32 is the exact upcast.
+    up = _params(hf.load_model(out, dtype="float32"))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b, np.float32)), up, params)
+
+
+def test_save_refuses_a_config_no_hf_architecture_has(tmp_path):
+    from grpo_jax.model import Transformer
+
+    config = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=16, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=4, qkv_bias=True, qk_norm=True)
+    with pytest.raises(ValueError, match="both qkv_bias and qk_norm"):
+        hf.save_model(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), tmp_path)
+
+
+# ---------------------------------------------------------------- parity with live transformers
+
+def _transformers():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import sys
+    sys.path.insert(0, str(FIXTURES))
+    import make_hf_fixtures
+    return torch, make_hf_fixtures
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("name", ARCHS)
+def test_parity_fresh_transformers_model_and_export_back(name, tmp_path):
+    torch, mk = _transformers()
+    from transformers import AutoModelForCausalLM
+
+    config = mk.hf_configs()[name]
+    hf_model = mk.random_hf_model(config, seed=100 + ARCHS.index(name))
+    hf_model.save_pretrained(tmp_path / "hf")
+    tokens, mask = mk.fixed_tokens(seed=7)
+    expected = {"tokens_BxT": tokens, "mask_BxT": mask,
+                "logits_BxTxV": mk.hf_logits(hf_model, tokens, mask)}
+    ours = hf.load_model(tmp_path / "hf")
+    assert _masked_max_diff(ours, expected) < 1e-4
+    # And back: transformers loads what we write and computes the same logits.
+    hf.save_model(ours, tmp_path / "ours", base_config=hf.read_config(tmp_path / "hf"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
+    again = mk.hf_logits(reloaded, tokens, mask)
+    np.testing.assert_allclose(again[mask.astype(bool)], expected["logits_BxTxV"][mask.astype(bool)],
+                               atol=1e-5)
