@@ -1,0 +1,63 @@
+"""Completions verified per second: `python benchmarks/bench_verifier.py [--n 20000] [--workers 2]`.
+
+Typical arithmetic completions (an R1-formatted answer with one boxed integer, decimal or fraction,
+half right) go through `math_accuracy_reward`: fast path inline, the symbolic remainder to a pool.
+Target (issue 4): >= 1,000 typical completions per second on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from grpo_jax.rewards import VerifierPool, math_accuracy_reward
+
+
+def typical_batch(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    completions, answers = [], []
+    for _ in range(n):
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        kind = rng.randrange(3)
+        truth = {0: str(a + b), 1: f"{a / 8:.3f}", 2: f"{a}/{b}"}[kind]
+        guess = truth if rng.random() < 0.5 else str(a + b + 1)
+        if kind == 2 and rng.random() < 0.5:
+            guess = f"\\frac{{{a}}}{{{b}}}"
+        completions.append(f"<think>\nI add {a} and {b} step by step.\n</think>\n<answer>\n\\boxed{{{guess}}}\n</answer>")
+        answers.append(truth)
+    return completions, answers
+
+
+def symbolic_batch(n: int) -> tuple[list[str], list[str]]:
+    comps = [f"\\boxed{{\\frac{{\\sqrt{{{2 * k * k}}}}}{{2}}}}" for k in range(1, n + 1)]
+    return comps, [f"\\frac{{{k}}}{{\\sqrt{{2}}}}" for k in range(1, n + 1)]
+
+
+def rate(completions, answers, pool) -> float:
+    prompts = [""] * len(completions)
+    start = time.perf_counter()
+    math_accuracy_reward(prompts, completions, answer=answers, pool=pool)
+    return len(completions) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--n_symbolic", type=int, default=400)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    completions, answers = typical_batch(args.n)
+    print(f"typical, inline (no pool):   {rate(completions, answers, None):10.0f} completions/s")
+    t0 = time.perf_counter()
+    with VerifierPool(num_workers=args.workers, timeout_s=2.0) as pool:
+        pool.map(abs, [(1,)] * args.workers)  # wait for the workers to import
+        print(f"pool start-up:               {time.perf_counter() - t0:10.2f} s")
+        print(f"typical, with pool:          {rate(completions, answers, pool):10.0f} completions/s")
+        sc, sa = symbolic_batch(args.n_symbolic)
+        print(f"symbolic (sympy), inline:    {rate(sc, sa, None):10.0f} completions/s")
+        print(f"symbolic (sympy), pool x{args.workers}:   {rate(sc, sa, pool):10.0f} completions/s")
+
+
+if __name__ == "__main__":
+    main()
