@@ -1,0 +1,343 @@
+"""The GRPO loss (minus the seed's objective J), its KL estimators, and the entropy metric.
+
+Shapes: N answers (rows), T token columns, V vocabulary. `mask` is nonzero on real answer tokens
+and zero on padding (prompt tokens, tokens after EOS). Padding never contributes, an all-padding
+row gives no NaN, and low-precision inputs (bf16) are accumulated in float32.
+
+Functions whose value depends on the whole batch (token-count normalisers, answer counts, metrics)
+take `axis_name`: inside `jax.shard_map` or `jax.pmap` over the batch axis they then return the
+global value, the same number as one device computing the whole batch. Under `jax.jit` with
+sharded global arrays no `axis_name` is needed. Gradients: under `jax.jit` and `jax.shard_map`,
+`jax.grad` of the loss is the global gradient. Under `jax.pmap` it comes out multiplied by the
+number of devices (pmap transposes psum into psum); divide by `jax.lax.axis_size(axis_name)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+KLKind = Literal["k1", "k2", "k3"]
+Aggregation = Literal["sequence", "token", "constant"]
+RatioMode = Literal["token", "sequence"]
+
+
+def _psum(x: jax.Array, axis_name: str | None) -> jax.Array:
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: KLKind = "k3") -> jax.Array:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled tokens' log-probs.
+
+    With log_r = ref_logp - logp (Schulman's "Approximating KL divergence" names):
+      "k1": -log_r, unbiased but can be negative per token;
+      "k2": log_r**2 / 2, >= 0, low variance, biased;
+      "k3": exp(log_r) - log_r - 1, the seed's (and DeepSeekMath's) estimator: >= 0, unbiased,
+            and 0 exactly when the two log-probs agree.
+
+    Args:
+      logp: [...] log pi_theta of the sampled tokens.
+      ref_logp: [...] log pi_ref of the same tokens (same shape).
+      kind: "k1", "k2" or "k3".
+
+    Returns:
+      float32 [...], per token; mask it yourself (or use `grpo_loss`).
+    """
+    log_r = jnp.asarray(ref_logp, jnp.float32) - jnp.asarray(logp, jnp.float32)
+    match kind:
+        case "k1":
+            return -log_r
+        case "k2":
+            return 0.5 * log_r**2
+        case "k3":
+            # expm1 keeps k3 accurate (and >= 0) when log_r is tiny: exp(x) - 1 - x loses every
+            # digit to cancellation in float32 below |x| ~ 1e-4.
+            return jnp.expm1(log_r) - log_r
+        case _:
+            raise ValueError(f"kl kind must be 'k1', 'k2' or 'k3', got {kind!r}")
+
+
+def importance_ratio(
+    logp: jax.Array, old_logp: jax.Array, mask: jax.Array, ratio: RatioMode = "token"
+) -> jax.Array:
+    """rho: pi_theta / pi_theta_old per token ("token") or GSPO's per answer ("sequence").
+
+    "token": rho_{i,t} = exp(logp_{i,t} - old_logp_{i,t}) (seed, "The Ratio").
+    "sequence": GSPO's length-normalised s_i = exp(mean over real tokens of (logp - old_logp)),
+    the geometric mean of the token ratios, broadcast to every token of answer i. (The raw
+    product of token ratios explodes with length: seed, "Why Per Token and Not Per Answer?".)
+
+    Args:
+      logp: [N, T] log pi_theta of the sampled tokens (differentiate through this one).
+      old_logp: [N, T] log pi_theta_old at sampling time.
+      mask: [N, T], nonzero on real tokens.
+      ratio: "token" or "sequence".
+
+    Returns:
+      rho_NxT: float32 [N, T]; exactly 1 on padding.
+    """
+    real_NxT = jnp.asarray(mask) != 0
+    # Zero the log-probs on padding *before* exp: padding may hold -inf or garbage, and a NaN in
+    # the branch jnp.where discards still poisons the gradient.
+    log_rho_NxT = jnp.where(real_NxT, jnp.asarray(logp, jnp.float32), 0.0) - jnp.where(
+        real_NxT, jnp.asarray(old_logp, jnp.float32), 0.0
+    )
+    match ratio:
+        case "token":
+            return jnp.exp(log_rho_NxT)
+        case "sequence":
+            length_N = real_NxT.sum(axis=1).astype(jnp.float32)
+            log_s_N = log_rho_NxT.sum(axis=1) / jnp.maximum(length_N, 1.0)
+            return jnp.broadcast_to(jnp.exp(log_s_N)[:, None], log_rho_NxT.shape)
+        case _:
+            raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+
+
+def clipped_surrogate(
+    rho: jax.Array, advantages: jax.Array, eps_low: float = 0.2, eps_high: float | None = None
+) -> jax.Array:
+    """PPO's clipped term min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A), per token.
+
+    Seed, "Clipping": rho = 1.8, A = +0.87, eps = 0.2 gives min(1.57, 1.04) = 1.04. Its gradient
+    with respect to rho is 0 exactly where the clipped branch wins ("No (clipped)" in the seed's
+    four-cases table). eps_high > eps_low is DAPO's clip-higher; None means eps_high = eps_low.
+
+    Args:
+      rho: [N, T] ratios.
+      advantages: [N, T] (or broadcastable, e.g. [N, 1]).
+      eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
+
+    Returns:
+      float32 [N, T].
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    a = jnp.asarray(advantages, jnp.float32)
+    rho = jnp.asarray(rho, jnp.float32)
+    return jnp.minimum(rho * a, jnp.clip(rho, 1.0 - eps_low, 1.0 + eps_high) * a)
+
+
+def _aggregate(
+    per_token_NxT: jax.Array,
+    real_NxT: jax.Array,
+    aggregation: Aggregation,
+    max_len: int | None,
+    axis_name: str | None,
+) -> jax.Array:
+    """Reduce a per-token quantity to a scalar the way `grpo_loss` documents."""
+    zeroed_NxT = jnp.where(real_NxT, per_token_NxT, 0.0)
+    num_rows = jnp.float32(per_token_NxT.shape[0])
+    match aggregation:
+        case "sequence":
+            length_N = real_NxT.sum(axis=1).astype(jnp.float32)
+            per_answer_N = zeroed_NxT.sum(axis=1) / jnp.maximum(length_N, 1.0)
+            return _psum(per_answer_N.sum(), axis_name) / _psum(num_rows, axis_name)
+        case "token":
+            num_tokens = _psum(real_NxT.sum().astype(jnp.float32), axis_name)
+            return _psum(zeroed_NxT.sum(), axis_name) / jnp.maximum(num_tokens, 1.0)
+        case "constant":
+            length = per_token_NxT.shape[1] if max_len is None else max_len
+            return _psum(zeroed_NxT.sum(), axis_name) / (_psum(num_rows, axis_name) * length)
+        case _:
+            raise ValueError(
+                f"aggregation must be 'sequence', 'token' or 'constant', got {aggregation!r}"
+            )
+
+
+def grpo_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    ref_logp: jax.Array | None,
+    advantages: jax.Array,
+    mask: jax.Array,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    beta: float = 0.04,
+    kl: KLKind = "k3",
+    aggregation: Aggregation = "sequence",
+    max_len: int | None = None,
+    ratio: RatioMode = "token",
+    axis_name: str | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
+
+    Per token: j_{i,t} = min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) - beta * KL_{i,t}.
+    Aggregation over real tokens:
+      "sequence": the seed's (1/G) sum_i (1/|o_i|) sum_t j_{i,t}; every row counts in the
+                  1/N, an all-padding row adds 0 (as TRL's "grpo" loss);
+      "token":    DAPO, sum_{i,t} j_{i,t} / (number of real tokens);
+      "constant": Dr. GRPO, sum_{i,t} j_{i,t} / (N * max_len), max_len defaulting to T.
+    The loss is -J. With `axis_name`, N and the token count are global.
+
+    Args:
+      logp: [N, T] log pi_theta of the sampled tokens (the only argument with a gradient).
+      old_logp: [N, T] log pi_theta_old, saved at sampling time.
+      ref_logp: [N, T] log pi_ref, or None when beta == 0.
+      advantages: [N] (one per answer) or [N, T] (per token, e.g. `process_advantages`).
+      mask: [N, T], nonzero on real answer tokens.
+      eps_low, eps_high: clip range; eps_high None means eps_low (DAPO's clip-higher otherwise).
+      beta: KL weight; 0 skips the KL term.
+      kl: KL estimator, see `kl_penalty`.
+      aggregation: "sequence", "token" or "constant".
+      max_len: the constant of "constant" (the generation budget); None uses T.
+      ratio: "token" (GRPO) or "sequence" (GSPO), see `importance_ratio`.
+      axis_name: mapped batch axis (shard_map/pmap) for global normalisers and metrics.
+
+    Returns:
+      (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
+        "policy_loss": -aggregate(clipped term), so loss = policy_loss + beta * (aggregated KL);
+        "kl": token mean of the KL estimator (0 when ref_logp is None);
+        "clip_ratio/low_mean": token fraction clipped below (rho < 1 - eps_low and A < 0);
+        "clip_ratio/high_mean": token fraction clipped above (rho > 1 + eps_high and A > 0);
+        "clip_ratio/region_mean": token fraction outside [1 - eps_low, 1 + eps_high] (the seed's
+          clip frac, whatever the sign of A);
+        "ratio/mean", "ratio/min", "ratio/max": of rho over real tokens (1 if there are none).
+    """
+    logp = jnp.asarray(logp)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be [N, T], got shape {logp.shape}")
+    shape = logp.shape
+    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if arr is not None and jnp.shape(arr) != shape:
+            raise ValueError(f"{name} has shape {jnp.shape(arr)}, expected {shape} (logp's)")
+    adv = jnp.asarray(advantages, jnp.float32)
+    if adv.shape == shape[:1]:
+        adv_NxT = jnp.broadcast_to(adv[:, None], shape)
+    elif adv.shape == shape:
+        adv_NxT = adv
+    else:
+        raise ValueError(
+            f"advantages has shape {adv.shape}, expected [N]={shape[:1]} or [N, T]={shape}"
+        )
+    if ref_logp is None and not (isinstance(beta, (int, float)) and beta == 0):
+        raise ValueError(f"ref_logp is None but beta={beta!r}; pass ref_logp or set beta=0")
+
+    eps_high = eps_low if eps_high is None else eps_high
+    real_NxT = jnp.asarray(mask) != 0
+    rho_NxT = importance_ratio(logp, old_logp, mask, ratio)
+    surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
+
+    if ref_logp is None:
+        kl_NxT = jnp.zeros(shape, jnp.float32)
+    else:
+        # Same padding guard as in importance_ratio: exp of garbage on padding must not reach
+        # the gradient.
+        kl_NxT = kl_penalty(
+            jnp.where(real_NxT, logp.astype(jnp.float32), 0.0),
+            jnp.where(real_NxT, jnp.asarray(ref_logp, jnp.float32), 0.0),
+            kl,
+        )
+    objective_NxT = surrogate_NxT - beta * kl_NxT
+    loss = -_aggregate(objective_NxT, real_NxT, aggregation, max_len, axis_name)
+
+    metrics = _loss_metrics(
+        surrogate_NxT, kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high,
+        aggregation, max_len, axis_name,
+    )
+    return loss, metrics
+
+
+def _loss_metrics(
+    surrogate_NxT, kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high,
+    aggregation, max_len, axis_name,
+) -> dict[str, jax.Array]:
+    """TRL-named float32 scalar metrics of one loss evaluation; see `grpo_loss`."""
+    sg = jax.lax.stop_gradient
+    surrogate_NxT, kl_NxT, rho_NxT = sg(surrogate_NxT), sg(kl_NxT), sg(rho_NxT)
+    num_tokens = jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
+
+    def token_mean(x_NxT):
+        return _psum(jnp.where(real_NxT, x_NxT, 0.0).sum(), axis_name) / num_tokens
+
+    below_NxT = rho_NxT < 1.0 - eps_low
+    above_NxT = rho_NxT > 1.0 + eps_high
+    any_real = _psum(real_NxT.sum(), axis_name) > 0
+    rho_min = jnp.where(real_NxT, rho_NxT, jnp.inf).min()
+    rho_max = jnp.where(real_NxT, rho_NxT, -jnp.inf).max()
+    if axis_name is not None:
+        rho_min = jax.lax.pmin(rho_min, axis_name)
+        rho_max = jax.lax.pmax(rho_max, axis_name)
+    f32 = lambda b: b.astype(jnp.float32)  # noqa: E731
+    return {
+        "policy_loss": -_aggregate(surrogate_NxT, real_NxT, aggregation, max_len, axis_name),
+        "kl": token_mean(kl_NxT),
+        "clip_ratio/low_mean": token_mean(f32(below_NxT & (adv_NxT < 0))),
+        "clip_ratio/high_mean": token_mean(f32(above_NxT & (adv_NxT > 0))),
+        "clip_ratio/region_mean": token_mean(f32(below_NxT | above_NxT)),
+        "ratio/mean": token_mean(rho_NxT),
+        "ratio/min": jnp.where(any_real, rho_min, 1.0),
+        "ratio/max": jnp.where(any_real, rho_max, 1.0),
+    }
+
+
+def _entropy_rows(logits_RxV: jax.Array) -> jax.Array:
+    """Entropy of each row of logits; float32 [R]. See `per_token_entropy`."""
+    # The barrier keeps XLA from hoisting the float32 upcast out of the chunk loop, which would
+    # re-create the whole-array float32 copy the chunking exists to avoid.
+    x = jax.lax.optimization_barrier(logits_RxV).astype(jnp.float32)
+    z = x - jax.lax.stop_gradient(x.max(axis=-1, keepdims=True))
+    e = jnp.exp(z)
+    # H = log S - W / S with S = sum e^z, W = sum e^z z (z <= 0, so nothing overflows). e == 0
+    # where a logit is -inf; zeroing z there keeps 0 * -inf out of the value and the gradient.
+    s = e.sum(axis=-1)
+    w = (e * jnp.where(e > 0, z, 0.0)).sum(axis=-1)
+    return jnp.log(s) - w / s
+
+
+@functools.partial(jax.jit, static_argnames="chunk_elements")
+def per_token_entropy(logits: jax.Array, *, chunk_elements: int = 2**24) -> jax.Array:
+    """Entropy -sum_v p_v log p_v of the next-token distribution at each position.
+
+    Memory: positions are processed in chunks of about `chunk_elements` logits (`lax.map`), so
+    the float32 temporaries (upcast, exp) are a few chunks, never a float32 copy of the whole
+    [..., V] array. (XLA on CPU does not fuse the upcast, exp and two reductions into one pass:
+    unchunked, it holds two full float32 [N, T, V] arrays.)
+
+    Args:
+      logits: [..., V] any float dtype.
+      chunk_elements: static, logits per chunk (default 2**24: 64 MiB of float32 per temporary).
+
+    Returns:
+      entropy: float32 [...] in nats; 0 for a one-hot (others -inf) distribution, not NaN.
+    """
+    *lead, vocab = logits.shape
+    rows = math.prod(lead)
+    chunk = max(1, min(rows, chunk_elements // vocab))
+    num_chunks = -(-rows // chunk)
+    flat_RxV = logits.reshape(rows, vocab)
+    if num_chunks * chunk != rows:  # pad with zero logits (uniform rows), dropped below
+        flat_RxV = jnp.pad(flat_RxV, ((0, num_chunks * chunk - rows), (0, 0)))
+    h_CxB = jax.lax.map(_entropy_rows, flat_RxV.reshape(num_chunks, chunk, vocab))
+    return h_CxB.reshape(-1)[:rows].reshape(lead)
+
+
+def token_entropy(
+    logits: jax.Array,
+    mask: jax.Array,
+    *,
+    axis_name: str | None = None,
+    chunk_elements: int = 2**24,
+) -> jax.Array:
+    """The seed's entropy metric: mean over real tokens of the next-token entropy.
+
+    H = mean_{i,t} [-sum_v pi(v | q, o_{i,<t}) log pi(v | q, o_{i,<t})] (seed, Part 1, Entropy).
+
+    Args:
+      logits: [N, T, V] logits at the answer positions (any float dtype; bf16 is upcast chunk
+        by chunk, see `per_token_entropy`).
+      mask: [N, T], nonzero on real tokens.
+      axis_name: mapped batch axis, for the global mean.
+      chunk_elements: see `per_token_entropy`.
+
+    Returns:
+      float32 scalar in nats; 0 if there are no real tokens.
+    """
+    real_NxT = jnp.asarray(mask) != 0
+    h_NxT = per_token_entropy(logits, chunk_elements=chunk_elements)
+    total = _psum(jnp.where(real_NxT, h_NxT, 0.0).sum(), axis_name)
+    count = _psum(real_NxT.sum().astype(jnp.float32), axis_name)
+    return total / jnp.maximum(count, 1.0)

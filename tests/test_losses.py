@@ -1,0 +1,311 @@
+"""The GRPO loss against seeds/000's worked examples, closed-form gradients, a NumPy reference."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.losses import (
+    clipped_surrogate,
+    grpo_loss,
+    importance_ratio,
+    kl_penalty,
+    per_token_entropy,
+    token_entropy,
+)
+
+A_GOOD, A_BAD = 0.87, -0.87  # the seed's rounded advantages of o_1 and o_2
+
+
+def test_clipping_example_rho_1_8():
+    # "Clipping": probability 0.5 -> 0.9, rho = 1.8, A = +0.87: min(1.57, 1.2 * 0.87) = 1.04.
+    assert float(clipped_surrogate(jnp.float32(1.8), A_GOOD)) == pytest.approx(1.044, abs=1e-3)
+
+
+def worked_example_terms(p_old, p_new, a):
+    """Per-token terms and d(-loss)/d(logp) of single-token answers (one row per table line)."""
+    logp = jnp.log(jnp.asarray(p_new, jnp.float32))[:, None]
+    old = jnp.log(jnp.asarray(p_old, jnp.float32))[:, None]
+    adv = jnp.full((len(p_new),), a, jnp.float32)
+    terms = clipped_surrogate(importance_ratio(logp, old, jnp.ones_like(logp)), adv[:, None])
+    loss_fn = lambda lp: grpo_loss(lp, old, None, adv, jnp.ones_like(lp), beta=0.0)[0]  # noqa: E731
+    return np.asarray(terms[:, 0]), np.asarray(jax.jit(jax.grad(loss_fn))(logp)[:, 0])
+
+
+def test_worked_example_correct_answer():
+    # o_1, A = +0.87: tokens "x^3" (0.60 -> 0.66), "=" (0.95 -> 0.96), "1/3" (0.40 -> 0.56) give
+    # terms 0.957, 0.879, 1.044; the last is clipped (rho 1.40 > 1.2), so no gradient there.
+    terms, grad = worked_example_terms([0.60, 0.95, 0.40], [0.66, 0.96, 0.56], A_GOOD)
+    np.testing.assert_allclose(terms, [0.957, 0.879, 1.044], atol=1e-3)
+    assert grad[0] != 0 and grad[1] != 0 and grad[2] == 0.0
+
+
+def test_worked_example_wrong_answer():
+    # o_2, A = -0.87: "=" (0.90 -> 0.93) gives -0.899 and still pushes down; "1/2" (0.30 -> 0.21),
+    # rho 0.70 < 0.8, gives min(-0.609, -0.696) = -0.696 and is clipped: no gradient.
+    terms, grad = worked_example_terms([0.90, 0.30], [0.93, 0.21], A_BAD)
+    np.testing.assert_allclose(terms, [-0.899, -0.696], atol=1e-3)
+    assert grad[0] != 0 and grad[1] == 0.0
+
+
+def test_four_clipping_cases():
+    # The seed's table (eps = 0.2), one single-token answer per row: the gradient is zero exactly
+    # where the seed says "No (clipped)".
+    cases = [  # (A, rho, has gradient)
+        (+1.0, 1.1, True),  # good token, rho <= 1.2: keep raising
+        (+1.0, 1.3, False),  # good token, rho > 1.2: raised enough, clipped
+        (-1.0, 0.9, True),  # bad token, rho >= 0.8: keep lowering
+        (-1.0, 0.7, False),  # bad token, rho < 0.8: lowered enough, clipped
+        (+1.0, 0.7, True),  # good token that became less likely: pulled back, never clipped
+        (-1.0, 1.3, True),  # bad token that became more likely: pushed down, never clipped
+    ]
+    adv = jnp.array([a for a, _, _ in cases])
+    old = jnp.full((len(cases), 1), jnp.log(0.5))
+    logp = old + jnp.log(jnp.array([[rho] for _, rho, _ in cases]))
+    mask = jnp.ones_like(logp)
+    grad = jax.jit(jax.grad(lambda lp: grpo_loss(lp, old, None, adv, mask, beta=0.0)[0]))(logp)
+    assert [bool(g != 0.0) for g in np.asarray(grad[:, 0])] == [has for _, _, has in cases]
+
+
+def test_eps_high_clips_higher():
+    # DAPO's clip-higher: with eps_high = 0.28, rho = 1.25 on a good token is no longer clipped.
+    assert float(clipped_surrogate(jnp.float32(1.25), 1.0, 0.2, 0.28)) == pytest.approx(1.25)
+    assert float(clipped_surrogate(jnp.float32(1.25), 1.0, 0.2)) == pytest.approx(1.2)
+
+
+def test_gradient_at_rho_one_is_the_plain_policy_gradient():
+    # "On the first step, rho = 1 but the gradient isn't zero": with theta = theta_old and beta = 0,
+    # grad(-J) = -(1/G) sum_i A_i grad (1/|o_i|) sum_t log pi(o_{i,t}). Checked on the parameters of
+    # a tiny softmax policy with padded answers of different lengths.
+    k_w, k_x, k_tok = jax.random.split(jax.random.key(1), 3)
+    num, seq, dim, vocab = 4, 5, 3, 7
+    w = jax.random.normal(k_w, (dim, vocab))
+    x = jax.random.normal(k_x, (num, seq, dim))
+    tokens = jax.random.randint(k_tok, (num, seq), 0, vocab)
+    mask = jnp.arange(seq)[None, :] < jnp.array([5, 3, 1, 4])[:, None]
+    adv = jnp.array([0.87, -0.87, 0.87, -0.87])
+
+    def logp_of(w):
+        logits = jnp.einsum("ntd,dv->ntv", x, w)
+        return jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1)[..., 0]
+
+    old = jax.lax.stop_gradient(logp_of(w))
+    grad_loss = jax.jit(
+        jax.grad(lambda w: grpo_loss(logp_of(w), old, None, adv, mask, beta=0.0)[0])
+    )(w)
+
+    def pg_surrogate(w):
+        mean_logp = (logp_of(w) * mask).sum(1) / mask.sum(1)
+        return -(adv * mean_logp).mean()
+
+    np.testing.assert_allclose(grad_loss, jax.jit(jax.grad(pg_surrogate))(w), rtol=1e-5, atol=1e-7)
+
+
+def test_kl_estimators_nonnegative_and_zero_only_when_equal():
+    # The seed's estimator pi_ref/pi - log(pi_ref/pi) - 1 is >= 0 and 0 only when they agree.
+    k1, k2 = jax.random.split(jax.random.key(2))
+    logp = jax.random.normal(k1, (1000,)) * 3
+    ref = jax.random.normal(k2, (1000,)) * 3
+    for kind in ("k2", "k3"):
+        assert np.all(np.asarray(kl_penalty(logp, ref, kind)) > 0)
+        assert np.all(np.asarray(kl_penalty(logp, logp, kind)) == 0.0)
+    # Tiny differences stay positive in float32 (expm1, not exp - 1).
+    assert float(kl_penalty(jnp.float32(-1.0), jnp.float32(-1.0 + 1e-5), "k3")) > 0
+    # k3 by hand: pi = 0.5, pi_ref = 0.25: 0.5 - log 0.5 - 1 = 0.1931.
+    assert float(kl_penalty(jnp.log(0.5), jnp.log(0.25))) == pytest.approx(0.19315, abs=1e-5)
+    # k1 is log(pi / pi_ref), negative when pi_ref > pi.
+    assert float(kl_penalty(jnp.log(0.25), jnp.log(0.5), "k1")) == pytest.approx(-np.log(2))
+
+
+# --- The NumPy reference: the seed's "In Code" block, extended to every option. -----------------
+
+
+def numpy_grpo_loss(
+    logp, old, ref, adv, mask, eps_low, eps_high, beta, aggregation, max_len, ratio
+):
+    logp, old, ref = (np.asarray(a, np.float64) for a in (logp, old, ref))
+    m = np.asarray(mask, np.float64)
+    adv = np.asarray(adv, np.float64)
+    if adv.ndim == 1:
+        adv = adv[:, None] * np.ones_like(logp)
+    num, seq = logp.shape
+    rho = np.ones_like(logp)
+    for i in range(num):
+        if ratio == "token":
+            rho[i] = np.where(m[i] > 0, np.exp(logp[i] - old[i]), 1.0)
+        else:
+            n_i = max(m[i].sum(), 1.0)
+            rho[i] = np.exp(((logp[i] - old[i]) * m[i]).sum() / n_i)
+    surr = np.minimum(rho * adv, np.clip(rho, 1 - eps_low, 1 + eps_high) * adv)
+    log_r = ref - logp
+    kl = np.exp(log_r) - log_r - 1
+    obj = (surr - beta * kl) * m
+    if aggregation == "sequence":
+        j = np.mean([obj[i].sum() / max(m[i].sum(), 1.0) for i in range(num)])
+    elif aggregation == "token":
+        j = obj.sum() / m.sum()
+    else:
+        j = obj.sum() / (num * (max_len or seq))
+    real = m > 0
+    metrics = {
+        "kl": (kl * m).sum() / m.sum(),
+        "clip_ratio/low_mean": ((rho < 1 - eps_low) & (adv < 0) & real).sum() / m.sum(),
+        "clip_ratio/high_mean": ((rho > 1 + eps_high) & (adv > 0) & real).sum() / m.sum(),
+        "clip_ratio/region_mean": (((rho < 1 - eps_low) | (rho > 1 + eps_high)) & real).sum()
+        / m.sum(),
+        "ratio/mean": (rho * m).sum() / m.sum(),
+        "ratio/min": rho[real].min(),
+        "ratio/max": rho[real].max(),
+    }
+    return -j, metrics
+
+
+def random_batch(seed, num=6, seq=7, per_token_adv=False):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    old = jax.random.uniform(ks[0], (num, seq), minval=-3.0, maxval=-0.05)
+    logp = old + 0.3 * jax.random.normal(ks[1], (num, seq))  # ratios spread over both clip edges
+    ref = old + 0.2 * jax.random.normal(ks[2], (num, seq))
+    lengths = jnp.array([7, 3, 0, 5, 1, 6])[:num]  # row 2 is all padding
+    mask = jnp.arange(seq)[None, :] < lengths[:, None]
+    adv_shape = (num, seq) if per_token_adv else (num,)
+    adv = jax.random.normal(ks[3], adv_shape)
+    # Padding holds garbage (as real batches may): -inf log-probs must not leak into anything.
+    garbage = jnp.where(mask, 0.0, -jnp.inf)
+    return logp + garbage, old + garbage, ref + garbage, adv, mask
+
+
+@pytest.mark.parametrize(
+    "aggregation, eps_high, ratio, per_token_adv",
+    [
+        (agg, eh, r, pt)
+        for agg, eh, r in itertools.product(
+            ["sequence", "token", "constant"], [None, 0.28], ["token", "sequence"]
+        )
+        for pt in [False]
+    ]
+    + [("token", None, "token", True), ("sequence", 0.28, "sequence", True)],
+)
+def test_grpo_loss_matches_numpy_reference(aggregation, eps_high, ratio, per_token_adv):
+    logp, old, ref, adv, mask = random_batch(3, per_token_adv=per_token_adv)
+    kw = dict(eps_low=0.2, eps_high=eps_high, beta=0.04, aggregation=aggregation, ratio=ratio)
+    max_len = 9 if aggregation == "constant" else None
+    loss_fn = lambda lp: grpo_loss(lp, old, ref, adv, mask, max_len=max_len, **kw)  # noqa: E731
+    (loss, metrics), g = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logp)
+    np_in = [np.where(mask, np.asarray(a), 0.0) for a in (logp, old, ref)]
+    exp_loss, exp_metrics = numpy_grpo_loss(
+        *np_in, adv, mask, 0.2, eps_high or 0.2, 0.04, aggregation, max_len, ratio
+    )
+    assert float(loss) == pytest.approx(exp_loss, rel=1e-5, abs=1e-6)
+    assert np.isfinite(float(loss))
+    for name, value in exp_metrics.items():
+        assert float(metrics[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
+        assert metrics[name].dtype == jnp.float32 and metrics[name].shape == ()
+    # The clipped part alone: loss = policy_loss + beta * (aggregated KL) >= policy_loss.
+    assert float(metrics["policy_loss"]) <= float(loss) + 1e-6
+    # Gradients exist and are finite everywhere, zero on padding.
+    assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[~np.asarray(mask)] == 0.0)
+    # The batch had both kinds of clipping, so the clip metrics were really exercised.
+    if ratio == "token":
+        assert float(metrics["clip_ratio/low_mean"]) > 0
+        assert float(metrics["clip_ratio/high_mean"]) > 0
+
+
+def test_beta_zero_needs_no_reference_and_kl_metric_is_zero():
+    logp, old, ref, adv, mask = random_batch(4)
+    loss_none, m_none = grpo_loss(logp, old, None, adv, mask, beta=0.0)
+    loss_ref, m_ref = grpo_loss(logp, old, ref, adv, mask, beta=0.0)
+    assert float(loss_none) == pytest.approx(float(loss_ref), rel=1e-6)
+    assert float(m_none["kl"]) == 0.0 and float(m_ref["kl"]) > 0.0  # logged even if unused
+    with pytest.raises(ValueError, match="ref_logp is None but beta=0.04"):
+        grpo_loss(logp, old, None, adv, mask)
+
+
+def test_bf16_inputs_accumulate_in_float32():
+    logp, old, ref, adv, mask = random_batch(5)
+    as_bf16 = [a.astype(jnp.bfloat16) for a in (logp, old, ref)]
+    loss16, metrics16 = grpo_loss(*as_bf16, adv, mask)
+    loss32, _ = grpo_loss(*[a.astype(jnp.float32) for a in as_bf16], adv, mask)
+    assert loss16.dtype == jnp.float32 and metrics16["kl"].dtype == jnp.float32
+    assert float(loss16) == float(loss32)
+
+
+def test_all_padding_batch_gives_no_nan():
+    z = jnp.zeros((2, 3))
+    loss, metrics = grpo_loss(z, z, z, jnp.ones(2), jnp.zeros((2, 3), bool))
+    assert float(loss) == 0.0
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert float(metrics["ratio/min"]) == 1.0 and float(metrics["ratio/max"]) == 1.0
+
+
+def test_bad_shapes_name_the_argument():
+    z = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"advantages has shape \(3,\)"):
+        grpo_loss(z, z, z, jnp.zeros(3), z)
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 4\)"):
+        grpo_loss(z, z, z, jnp.zeros(2), jnp.zeros((2, 4)))
+    with pytest.raises(ValueError, match="aggregation must be"):
+        grpo_loss(z, z, z, jnp.zeros(2), z, aggregation="mean")
+
+
+def test_vmap_over_independent_batches():
+    # vmap over a leading "micro-batch" axis equals a Python loop.
+    batches = [random_batch(s) for s in (6, 7)]
+    stacked = [jnp.stack(parts) for parts in zip(*batches)]
+    losses = jax.vmap(lambda *a: grpo_loss(*a)[0])(*stacked)
+    np.testing.assert_allclose(losses, [float(grpo_loss(*b)[0]) for b in batches], rtol=1e-6)
+
+
+def test_entropy_uniform_and_certain():
+    # Uniform over V = 8: log 8 = 2.0794 nats. All mass on one token (others -inf): 0, not NaN.
+    # A padded position holding NaN logits does not count.
+    uniform = jnp.zeros((1, 1, 8))
+    certain = jnp.full((1, 1, 8), -jnp.inf).at[..., 3].set(0.0)
+    garbage = jnp.full((1, 1, 8), jnp.nan)
+    logits = jnp.concatenate([uniform, certain, garbage], axis=1)
+    mask = jnp.array([[1, 1, 0]])
+    np.testing.assert_allclose(per_token_entropy(logits)[0, :2], [np.log(8), 0.0], atol=1e-6)
+    assert float(token_entropy(logits, mask)) == pytest.approx(np.log(8) / 2, abs=1e-6)
+
+
+def test_entropy_matches_numpy_and_bf16_is_upcast():
+    logits = 5 * jax.random.normal(jax.random.key(8), (3, 4, 11))
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    x = np.asarray(logits, np.float64)
+    log_p = x - x.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    h = -(np.exp(log_p) * log_p).sum(-1)
+    expected = (h * np.asarray(mask)).sum() / np.asarray(mask).sum()
+    assert float(jax.jit(token_entropy)(logits, mask)) == pytest.approx(expected, rel=1e-5)
+    h16 = token_entropy(logits.astype(jnp.bfloat16), mask)
+    assert h16.dtype == jnp.float32
+    assert float(h16) == pytest.approx(float(token_entropy(logits.astype(jnp.bfloat16).astype(
+        jnp.float32), mask)), rel=1e-6)
+
+
+def test_entropy_temporaries_are_smaller_than_one_logits_array():
+    # float32 logits [N, T, V] in 4 chunks: the compiled metric's temporaries (upcast, exp, ...)
+    # stay below the size of the logits themselves; unchunked, XLA:CPU holds two full copies.
+    # (Checked with float32 input: XLA:CPU stores any bf16 array that enters a loop as float32, a
+    # CPU-only artefact that would hide the chunking.)
+    n, t, v = 8, 32, 4096
+    logits = jax.ShapeDtypeStruct((n, t, v), jnp.float32)
+    mask = jax.ShapeDtypeStruct((n, t), jnp.bool_)
+
+    def temp_bytes(chunk):
+        fn = jax.jit(lambda x, m: token_entropy(x, m, chunk_elements=chunk))
+        analysis = fn.lower(logits, mask).compile().memory_analysis()
+        if analysis is None:
+            pytest.skip("this backend reports no memory analysis")
+        return analysis.temp_size_in_bytes
+
+    assert temp_bytes(n * t * v // 4) < n * t * v * 4
+
+
+def test_entropy_chunking_does_not_change_the_numbers():
+    # 3 x 5 positions in chunks of 4 rows (the last chunk padded) equal one unchunked pass.
+    logits = 3 * jax.random.normal(jax.random.key(9), (3, 5, 6))
+    np.testing.assert_allclose(
+        per_token_entropy(logits, chunk_elements=24), per_token_entropy(logits), rtol=1e-6
+    )
