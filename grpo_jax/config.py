@@ -107,7 +107,7 @@ class SFTSection:
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
     every: int = 100  # 0: only at the start and the end
-    num_questions: int = 200
+    num_questions: int = 200  # 0: no held-out evaluation
     num_samples: int = 8  # n answers per question for pass@k / maj@k
     ks: tuple[int, ...] = (1, 8)
     temperature: float = 1.0
@@ -205,13 +205,14 @@ def validate(config: Config) -> None:
     for key, value in [("grpo.prompts_per_step", g.prompts_per_step), ("grpo.num_iterations", g.num_iterations),
                                           ("grpo.num_minibatches", g.num_minibatches), ("grpo.grad_accum_steps", g.grad_accum_steps),
                                           ("sampling.max_new_tokens", s.max_new_tokens), ("train.steps", t.steps),
-                                          ("eval.num_samples", e.num_samples), ("eval.num_questions", e.num_questions),
+                                          ("eval.num_samples", e.num_samples),
                                           ("optim.learning_rate", o.learning_rate), ("sft.batch_size", sft.batch_size),
                                           ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every", t.log_every)]:
         _positive(key, value)
     for key, value in [("grpo.beta", g.beta), ("grpo.eps_low", g.eps_low), ("sft.steps", sft.steps),
                                           ("optim.warmup_steps", o.warmup_steps), ("optim.weight_decay", o.weight_decay),
                                           ("optim.max_grad_norm", o.max_grad_norm), ("eval.every", e.every),
+                                         ("eval.num_questions", e.num_questions),
                                           ("train.checkpoint_every", t.checkpoint_every), ("train.samples_every", t.samples_every),
                                           ("sampling.top_k", s.top_k), ("train.stop_after_steps", t.stop_after_steps),
                                           ("grpo.ref_resync_every", g.ref_resync_every), ("train.verifier_workers", t.verifier_workers),

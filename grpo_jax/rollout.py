@@ -6,7 +6,6 @@ calling the reward functions and the task's checker. The device work is `Sampler
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Sequence
 
@@ -98,16 +97,9 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
         for k in ks:
             if k > 1:
                 results[f"eval/pass@{k}"] = float(np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts]))
-                results[f"eval/maj@{k}"] = float(np.mean([_majority_correct(answers[i][:k], correct[i, :k])
-                                                                                                      for i in range(len(examples))]))
+                # A voted answer is as correct as the first sample that gave it (same final answer).
+                results[f"eval/maj@{k}"] = float(np.mean([
+                    evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
+                    for q in range(len(examples))]))
     return results
 
-
-def _majority_correct(answers: Sequence[str | None], correct: np.ndarray) -> float:
-    """maj@k for one question: is the most common final answer (ties: first seen) a correct one?"""
-    votes = collections.Counter(a for a in answers if a is not None)
-    if not votes:
-        return 0.0
-    top = votes.most_common(1)[0][0]
-    first = answers.index(top)
-    return float(correct[first])

@@ -84,6 +84,17 @@ def _as_dtype(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
+def _frozen_copy(tree, dtype):
+    """A copy that shares no buffer with `tree`: the policy's buffers are donated to the update."""
+    return jax.tree.map(
+        lambda x: jnp.array(x, dtype=dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, copy=True),
+        tree)
+
+
+def _global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateBatch:
     """What one optimizer step consumes; every array has a leading [A] micro-batch axis, then [M].
@@ -144,7 +155,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
         metrics = {k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
                               for k, v in metrics.items()}
         metrics["loss"] = loss.mean()
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = _global_norm(grads)
         return params, opt_state, metrics
 
     return jax.jit(update, donate_argnums=(0, 1))
@@ -286,7 +297,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
     updates_per_step = g_cfg.num_iterations * g_cfg.num_minibatches
     tx, schedule = make_optimizer(config.optim, t_cfg.steps * updates_per_step)
     base_key = jax.random.PRNGKey(t_cfg.seed)
-    eval_examples = task.eval_examples()[:e_cfg.num_questions]
+    eval_examples = task.eval_examples()[:e_cfg.num_questions] if e_cfg.num_questions else []
 
     ckpt = CheckpointManager(os.path.join(run_dir, "checkpoints"), max_to_keep=t_cfg.keep_checkpoints,
                                                       async_save=t_cfg.async_checkpoints)
@@ -304,7 +315,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
             with open(os.path.join(run_dir, "sft.json"), "w") as f:
                 json.dump(sft_stats, f, indent=2)
         opt_state = tx.init(params)
-        ref_params = _as_dtype(params, ref_dtype) if use_ref else None
+        ref_params = _frozen_copy(params, ref_dtype) if use_ref else None
     else:
         opt_state = tx.init(params)
         abstract = {"params": params, "opt_state": opt_state}
@@ -429,7 +440,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
                 # 7: pi_old <- pi_theta is implicit (the next rollout samples with `params`); reference resync.
                 if g_cfg.ref_resync_every and step % g_cfg.ref_resync_every == 0:
-                    ref_params = _as_dtype(params, ref_dtype)
+                    ref_params = _frozen_copy(params, ref_dtype)
 
                 # Metrics (TRL's names).
                 finite = np.isfinite(rewards)
@@ -461,7 +472,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
                 if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
                     writer.write_samples(step, _sample_rows(rollouts, chosen, G, host, parts, rewards))
-                if e_cfg.every and step % e_cfg.every == 0 and step != t_cfg.steps:
+                if eval_examples and e_cfg.every and step % e_cfg.every == 0 and step != t_cfg.steps:
                     metrics.update(run_eval(step))
                 if step == t_cfg.steps and eval_examples:
                     metrics.update(run_eval(step))

@@ -1,0 +1,488 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3 family) in Flax NNX, used functionally.
+
+One config covers RMSNorm, RoPE (theta, optional Llama-3 scaling), grouped-query attention, a
+SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3) and tied or
+untied embeddings. Code that jits takes `graphdef, params = nnx.split(model, nnx.Param)` and calls
+the pure `forward` / `token_logprobs` below; nothing here uses `nnx.jit`.
+
+Dimension letters: B batch, T query length, S key length / sequence, D hidden_size, N num_heads,
+K num_kv_heads, G = N // K query heads per kv head, H head_dim, F intermediate_size, V vocab,
+C number of target tokens, L layers.
+
+Parameter tree (names are stable; `hf.py` maps Hugging Face tensors onto them):
+
+    embed                      [V, D]      HF model.embed_tokens.weight            (same layout)
+    layers[i].attn_norm        [D]         HF layers.i.input_layernorm.weight
+    layers[i].attn.q_proj      [D, N, H]   HF self_attn.q_proj.weight [N*H, D] -> .T.reshape(D, N, H)
+    layers[i].attn.k_proj      [D, K, H]   HF self_attn.k_proj.weight [K*H, D] -> .T.reshape(D, K, H)
+    layers[i].attn.v_proj      [D, K, H]   HF self_attn.v_proj.weight [K*H, D] -> .T.reshape(D, K, H)
+    layers[i].attn.o_proj      [N, H, D]   HF self_attn.o_proj.weight [D, N*H] -> .T.reshape(N, H, D)
+    layers[i].attn.q_bias      [N, H]      HF self_attn.q_proj.bias [N*H]          (qkv_bias only)
+    layers[i].attn.k_bias      [K, H]      HF self_attn.k_proj.bias [K*H]          (qkv_bias only)
+    layers[i].attn.v_bias      [K, H]      HF self_attn.v_proj.bias [K*H]          (qkv_bias only)
+    layers[i].attn.q_norm      [H]         HF self_attn.q_norm.weight              (qk_norm only)
+    layers[i].attn.k_norm      [H]         HF self_attn.k_norm.weight              (qk_norm only)
+    layers[i].mlp_norm         [D]         HF layers.i.post_attention_layernorm.weight
+    layers[i].mlp.gate_proj    [D, F]      HF mlp.gate_proj.weight [F, D] -> .T
+    layers[i].mlp.up_proj      [D, F]      HF mlp.up_proj.weight [F, D] -> .T
+    layers[i].mlp.down_proj    [F, D]      HF mlp.down_proj.weight [D, F] -> .T
+    final_norm                 [D]         HF model.norm.weight
+    lm_head                    [D, V]      HF lm_head.weight [V, D] -> .T          (untied only)
+
+RoPE uses the Hugging Face "rotate half" convention (the two halves of head_dim pair up), so HF
+q/k weights load without permutation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling ("rope_type": "llama3" in HF config.json)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if not self.factor > 0:
+            raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor!r}")
+        if not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError(
+                "RopeScaling needs high_freq_factor > low_freq_factor > 0, got "
+                f"low_freq_factor={self.low_freq_factor!r}, high_freq_factor={self.high_freq_factor!r}"
+            )
+        if not self.original_max_position_embeddings > 0:
+            raise ValueError(
+                "RopeScaling.original_max_position_embeddings must be > 0, got "
+                f"{self.original_max_position_embeddings!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        for name in ("param_dtype", "dtype"):
+            value = getattr(self, name)
+            if value not in _DTYPES:
+                raise ValueError(f"ModelConfig.{name} must be one of {sorted(_DTYPES)}, got {value!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(
+                f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
+            )
+
+
+# One table: weight name -> PartitionSpec over mesh axes ("data", "fsdp", "tensor").
+# "data" never shards weights (it splits the batch); "fsdp" shards the hidden dimension D of
+# every matrix; "tensor" shards heads, the MLP width and the vocabulary (Megatron style).
+SHARDING: dict[str, tuple[str | None, ...]] = {
+    "embed": ("tensor", "fsdp"),            # [V, D]
+    "attn_norm": (None,),                   # [D]
+    "q_proj": ("fsdp", "tensor", None),     # [D, N, H]
+    "k_proj": ("fsdp", "tensor", None),     # [D, K, H]
+    "v_proj": ("fsdp", "tensor", None),     # [D, K, H]
+    "o_proj": ("tensor", None, "fsdp"),     # [N, H, D]
+    "q_bias": ("tensor", None),             # [N, H]
+    "k_bias": ("tensor", None),             # [K, H]
+    "v_bias": ("tensor", None),             # [K, H]
+    "q_norm": (None,),                      # [H]
+    "k_norm": (None,),                      # [H]
+    "mlp_norm": (None,),                    # [D]
+    "gate_proj": ("fsdp", "tensor"),        # [D, F]
+    "up_proj": ("fsdp", "tensor"),          # [D, F]
+    "down_proj": ("tensor", "fsdp"),        # [F, D]
+    "final_norm": (None,),                  # [D]
+    "lm_head": ("fsdp", "tensor"),          # [D, V]
+}
+
+
+def _param(name: str, value: jax.Array) -> nnx.Param:
+    # eager_sharding=False: keep the annotation as metadata only; flax 0.12 would otherwise try to
+    # place the value on a mesh at construction, and there is none on one device.
+    return nnx.Param(value, out_sharding=SHARDING[name], eager_sharding=False)
+
+
+class _NormalPool:
+    """Hands out consecutive slices of ONE N(0, 0.02^2) draw (0.02: HF's initializer_range).
+
+    One draw instead of one per weight: each jax.random.normal of a new shape is its own
+    threefry program, and ~20 of them took ~30 s to compile on a loaded 2-core CPU.
+    """
+
+    def __init__(self, key: jax.Array, size: int, dtype):
+        self._values = 0.02 * jax.random.normal(key, (size,), jnp.float32)
+        self._offset = 0
+        self._dtype = dtype
+
+    def take(self, shape: tuple[int, ...]) -> jax.Array:
+        n = math.prod(shape)
+        out = self._values[self._offset : self._offset + n].reshape(shape).astype(self._dtype)
+        self._offset += n
+        return out
+
+
+def _num_random_weights(c: "ModelConfig") -> int:
+    d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+    per_layer = d * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * d * f
+    return v * d * (1 if c.tie_embeddings else 2) + c.num_layers * per_layer
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x * rsqrt(mean(x^2) + eps) * scale over the last axis, statistics in float32 (as HF)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Inverse frequencies [H/2] (float32), with Llama-3 scaling when configured."""
+    h = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # interpolated linearly in 1/wavelength.
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotates pairs (i, i + H/2) by angle position * inv_freq[i] (HF rotate_half convention)."""
+    angles_BxTxh = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BxTxh)[:, :, None, :].astype(x_BxTxNxH.dtype)
+    sin = jnp.sin(angles_BxTxh)[:, :, None, :].astype(x_BxTxNxH.dtype)
+    x1, x2 = jnp.split(x_BxTxNxH, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class KVCache(NamedTuple):
+    """One layer's keys (after RoPE) and values, slot s of row b at [b, :, s].
+
+    Heads before slots so both attention einsums are plain batched matmuls over (B, K): with
+    [B, S, K, H] XLA transposed the whole cache at every decode step (3x slower on CPU).
+    """
+
+    k_BxKxSxH: jax.Array
+    v_BxKxSxH: jax.Array
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        c, pd = config, _DTYPES[config.param_dtype]
+        self.config = config
+        self.q_proj = _param("q_proj", normals.take((c.hidden_size, c.num_heads, c.head_dim)))
+        self.k_proj = _param("k_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
+        self.v_proj = _param("v_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
+        self.o_proj = _param("o_proj", normals.take((c.num_heads, c.head_dim, c.hidden_size)))
+        if c.qkv_bias:
+            self.q_bias = _param("q_bias", jnp.zeros((c.num_heads, c.head_dim), pd))
+            self.k_bias = _param("k_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
+            self.v_bias = _param("v_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
+        if c.qk_norm:
+            self.q_norm = _param("q_norm", jnp.ones((c.head_dim,), pd))
+            self.k_norm = _param("k_norm", jnp.ones((c.head_dim,), pd))
+
+    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache: KVCache | None,
+                 write_index) -> tuple[jax.Array, KVCache]:
+        """Attention of T queries at cache slots write_index + [0, T) over S key slots.
+
+        cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
+        returned KVCache holds them ([B, K, T, H]). Otherwise this step's k/v are written into the cache at
+        write_index (dynamic_update_slice) and the updated cache is returned.
+        key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
+        key_mask[b, s] and s <= q (causal).
+        """
+        c = self.config
+        dt = _DTYPES[c.dtype]
+        x = x_BxTxD.astype(dt)
+        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+        if c.qkv_bias:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        if c.qk_norm:  # Qwen3: RMSNorm over head_dim before RoPE
+            q = rms_norm(q, self.q_norm[...], c.rms_norm_eps)
+            k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
+        q = apply_rope(q, positions_BxT, inv_freq)
+        k = apply_rope(k, positions_BxT, inv_freq)
+
+        k_BxKxTxH, v_BxKxTxH = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        if cache is None:
+            cache = KVCache(k_BxKxTxH, v_BxKxTxH)
+        else:
+            zero = jnp.zeros((), jnp.int32)
+            start = (zero, zero, jnp.asarray(write_index, jnp.int32), zero)
+            cache = KVCache(
+                jax.lax.dynamic_update_slice(cache.k_BxKxSxH, k_BxKxTxH.astype(cache.k_BxKxSxH.dtype), start),
+                jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype), start),
+            )
+        keys, values = cache.k_BxKxSxH.astype(dt), cache.v_BxKxSxH.astype(dt)
+        b, t = q.shape[:2]
+        s = keys.shape[2]
+        g = c.num_heads // c.num_kv_heads
+        # Query heads n = k * G + g share kv head k (HF repeat_kv order). Both products are
+        # written as plain batched matmuls over (B, K) with the contraction on a minor axis: as
+        # free-form einsums XLA's CPU backend picked a slow generic dot for probs @ values.
+        q_BxKxGTxH = q.reshape(b, t, c.num_kv_heads, g, c.head_dim).transpose(0, 2, 3, 1, 4).reshape(
+            b, c.num_kv_heads, g * t, c.head_dim)
+        batch = ((0, 1), (0, 1))
+        scores = jax.lax.dot_general(q_BxKxGTxH, keys, (((3,), (3,)), batch),
+                                     preferred_element_type=jnp.float32) / math.sqrt(c.head_dim)
+        q_slot_T = jnp.asarray(write_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
+            jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_T[None, :, None]
+        )
+        # A finite floor, not -inf: a padding query with no visible key gets a uniform (unused)
+        # distribution instead of NaN, which would poison gradients.
+        scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores.reshape(b, c.num_kv_heads, g, t, s),
+                                     jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(dt).reshape(b, c.num_kv_heads, g * t, s)
+        out_BxKxGTxH = jax.lax.dot_general(probs, values, (((3,), (2,)), batch))
+        out_BxKxGxTxH = out_BxKxGTxH.reshape(b, c.num_kv_heads, g, t, c.head_dim)
+        o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
+        return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        c, pd = config, _DTYPES[config.param_dtype]
+        self.config = config
+        self.gate_proj = _param("gate_proj", normals.take((c.hidden_size, c.intermediate_size)))
+        self.up_proj = _param("up_proj", normals.take((c.hidden_size, c.intermediate_size)))
+        self.down_proj = _param("down_proj", normals.take((c.intermediate_size, c.hidden_size)))
+
+    def __call__(self, x_BxTxD):
+        dt = _DTYPES[self.config.dtype]
+        x = x_BxTxD.astype(dt)
+        gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
+        up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
+        return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        pd = _DTYPES[config.param_dtype]
+        self.config = config
+        self.attn_norm = _param("attn_norm", jnp.ones((config.hidden_size,), pd))
+        self.attn = Attention(config, normals)
+        self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
+        self.mlp = MLP(config, normals)
+
+    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache, write_index):
+        eps = self.config.rms_norm_eps
+        attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), positions_BxT,
+                                    key_mask_BxS, inv_freq, cache, write_index)
+        x = x_BxTxD + attn_out
+        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
+
+
+def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
+    """cumsum(mask) - 1 clipped at 0: each row's first real token sits at position 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Transformer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, pd = config, _DTYPES[config.param_dtype]
+        self.config = config
+        normals = _NormalPool(rngs.params(), _num_random_weights(c), pd)
+        self.embed = _param("embed", normals.take((c.vocab_size, c.hidden_size)))
+        self.layers = nnx.List([Block(c, normals) for _ in range(c.num_layers)])
+        self.final_norm = _param("final_norm", jnp.ones((c.hidden_size,), pd))
+        if not c.tie_embeddings:
+            self.lm_head = _param("lm_head", normals.take((c.hidden_size, c.vocab_size)))
+        assert normals._offset == normals._values.size, "_num_random_weights disagrees with the layers"
+
+    def __call__(self, tokens_BxT, *, positions_BxT=None, attention_mask_BxT=None):
+        """Logits [B, T, V] float32. No mask: causal over all T tokens, positions 0..T-1."""
+        if attention_mask_BxT is None:
+            attention_mask_BxT = jnp.ones(tokens_BxT.shape, jnp.int32)
+        if positions_BxT is None:
+            positions_BxT = default_positions(attention_mask_BxT)
+        h_BxTxD, _ = self.hidden_states(tokens_BxT, positions_BxT, attention_mask_BxT)
+        return self.logits(h_BxTxD)
+
+    def hidden_states(self, tokens_BxT, positions_BxT, key_mask_BxS, caches=None, write_index=0):
+        """Final-normed hidden states [B, T, D] (compute dtype) and one KVCache per layer.
+
+        caches None: S = T, the tokens attend to themselves (causal, key_mask = attention mask),
+        and the returned caches hold their keys/values [B, K, T, H]. Otherwise the tokens occupy
+        slots write_index + [0, T) of the given caches (decode) and the updated caches return.
+        """
+        c = self.config
+        x = self.embed[...][tokens_BxT].astype(_DTYPES[c.dtype])
+        inv_freq = rope_inv_freq(c)
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            x, cache = layer(x, positions_BxT, key_mask_BxS, inv_freq,
+                             None if caches is None else caches[i], write_index)
+            new_caches.append(cache)
+        return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
+
+    def logits(self, h_BxTxD) -> jax.Array:
+        """Output projection, accumulated and returned in float32 [B, T, V]."""
+        dt = _DTYPES[self.config.dtype]
+        if self.config.tie_embeddings:
+            return jnp.einsum("btd,vd->btv", h_BxTxD.astype(dt), self.embed[...].astype(dt),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("btd,dv->btv", h_BxTxD.astype(dt), self.lm_head[...].astype(dt),
+                          preferred_element_type=jnp.float32)
+
+
+def init_model(config: ModelConfig, seed: int) -> Transformer:
+    """A randomly initialised Transformer (weights N(0, 0.02^2), norms 1, biases 0).
+
+    Built abstractly, then materialised by one jitted function: op-by-op creation compiles one
+    tiny program per distinct shape, which costs tens of seconds on a CPU.
+    """
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(params=seed))))
+    state = jax.jit(lambda: nnx.split(Transformer(config, rngs=nnx.Rngs(params=seed)))[1])()
+    return nnx.merge(graphdef, state)
+
+
+def forward(graphdef, params, tokens_BxT, attention_mask_BxT, positions_BxT=None) -> jax.Array:
+    """Pure forward: logits_BxTxV (float32) from the params pytree; what jitted code calls."""
+    model = nnx.merge(graphdef, params)
+    return model(tokens_BxT, positions_BxT=positions_BxT, attention_mask_BxT=attention_mask_BxT)
+
+
+# Above this many float32 logits ([B, C, V] elements, 256 MiB) token_logprobs works in chunks;
+# inside one chunk the logits, their log-softmax and (for entropy) its exp briefly coexist.
+_MAX_LOGITS_ELEMENTS = 1 << 26
+
+
+def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy):
+    logp_BxCxV = jax.nn.log_softmax(logits_BxCxV.astype(jnp.float32) / temperature, axis=-1)
+    logp_BxC = jnp.take_along_axis(logp_BxCxV, targets_BxC[..., None], axis=-1)[..., 0]
+    if not return_entropy:
+        return logp_BxC, None
+    # Seed, "Entropy": H = -sum_v pi(v|.) log pi(v|.)
+    return logp_BxC, -jnp.sum(jnp.exp(logp_BxCxV) * logp_BxCxV, axis=-1)
+
+
+def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
+                   temperature: float = 1.0, return_entropy: bool = False,
+                   chunk_size: int | None = None):
+    """log softmax(logits / temperature)[token t] given tokens[:, :t], for t in [S - C, S).
+
+    Returns logp_BxC float32 (C = num_targets), or (logp_BxC, entropy_BxC) with
+    return_entropy. Logits are formed only for the C positions that predict targets; when
+    B * C * V exceeds 2^26 (or chunk_size is given) they are formed chunk_size positions at a
+    time under jax.checkpoint, so one chunk's [B, c, V] float32 array is alive at once, in the
+    backward pass too.
+    """
+    b, s = tokens_BxS.shape
+    c = num_targets
+    if not 0 < c < s:
+        raise ValueError(f"token_logprobs: num_targets must be in [1, S - 1] = [1, {s - 1}], got {c}")
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature!r}")
+    model = nnx.merge(graphdef, params)
+    h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
+                                     attention_mask_BxS)
+    # The hidden state at position t - 1 predicts token t.
+    h_BxCxD = h_BxSxD[:, s - c - 1 : s - 1]
+    targets_BxC = tokens_BxS[:, s - c :]
+    v = model.config.vocab_size
+    if chunk_size is None:
+        chunk_size = c if b * c * v <= _MAX_LOGITS_ELEMENTS else max(1, _MAX_LOGITS_ELEMENTS // (b * v))
+    if chunk_size >= c:
+        logp, ent = _target_logprobs(model.logits(h_BxCxD), targets_BxC, temperature, return_entropy)
+        return (logp, ent) if return_entropy else logp
+
+    num_chunks = -(-c // chunk_size)
+    pad = num_chunks * chunk_size - c
+    h_pad = jnp.pad(h_BxCxD, ((0, 0), (0, pad), (0, 0)))
+    t_pad = jnp.pad(targets_BxC, ((0, 0), (0, pad)))
+    # [num_chunks, B, chunk, ...] so lax.map walks chunks in order.
+    h_chunks = h_pad.reshape(b, num_chunks, chunk_size, -1).transpose(1, 0, 2, 3)
+    t_chunks = t_pad.reshape(b, num_chunks, chunk_size).transpose(1, 0, 2)
+
+    @jax.checkpoint
+    def one_chunk(args):
+        h, t = args
+        logp, ent = _target_logprobs(model.logits(h), t, temperature, return_entropy)
+        return logp, (jnp.zeros_like(logp) if ent is None else ent)
+
+    logp_chunks, ent_chunks = jax.lax.map(one_chunk, (h_chunks, t_chunks))
+    logp = logp_chunks.transpose(1, 0, 2).reshape(b, -1)[:, :c]
+    if not return_entropy:
+        return logp
+    return logp, ent_chunks.transpose(1, 0, 2).reshape(b, -1)[:, :c]
+
+
+def partition_specs(params):
+    """PartitionSpec per weight, same tree as `params`, read from the SHARDING table by name."""
+
+    def spec(path, leaf):
+        # Innermost named key wins: ('layers', 0, 'attn', 'q_proj', .value) -> 'q_proj'.
+        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        for name in reversed(names):
+            if name in SHARDING:
+                if len(SHARDING[name]) != jnp.ndim(leaf):
+                    raise ValueError(
+                        f"partition_specs: weight {name!r} has shape {jnp.shape(leaf)} but the "
+                        f"SHARDING table gives {SHARDING[name]} ({len(SHARDING[name])} dims)"
+                    )
+                return P(*SHARDING[name])
+        raise ValueError(
+            f"partition_specs: no SHARDING entry for {jax.tree_util.keystr(path)}; "
+            f"known weights: {sorted(SHARDING)}"
+        )
+
+    return jax.tree_util.tree_map_with_path(spec, params)

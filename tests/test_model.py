@@ -1,0 +1,229 @@
+"""grpo_jax.model: the decoder against a plain-numpy reference, padding, RoPE scaling, log-probs."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from grpo_jax import model as M
+
+TINY = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=8)
+
+
+# Jitted once per graphdef: op-by-op execution compiles every op and is slow on a small CPU.
+_forward = jax.jit(M.forward, static_argnums=0)
+_token_logprobs = jax.jit(M.token_logprobs, static_argnums=0,
+                          static_argnames=("num_targets", "temperature", "return_entropy", "chunk_size"))
+
+
+@jax.jit
+def _perturb(params):
+    # Norm scales start at 1 and biases at 0; perturb every weight so the reference checks them.
+    leaves, treedef = jax.tree.flatten(params)
+    noise = jax.random.normal(jax.random.key(7), (sum(x.size for x in leaves),))
+    out, offset = [], 0
+    for x in leaves:
+        out.append(x + 0.1 * noise[offset : offset + x.size].reshape(x.shape))
+        offset += x.size
+    return jax.tree.unflatten(treedef, out)
+
+
+def _split(config, seed=0):
+    graphdef, params = nnx.split(M.init_model(config, seed), nnx.Param)
+    return graphdef, _perturb(params)
+
+
+def _numpy_reference(config, params, tokens, mask):
+    """Logits [B, T, V] written token by token in float64 numpy, in HF's layout and order."""
+    p = jax.tree.map(lambda x: np.asarray(x, np.float64), nnx.to_pure_dict(params))
+    c = config
+    b, t = tokens.shape
+    h, n, k = c.head_dim, c.num_heads, c.num_kv_heads
+    inv_freq = np.asarray(M.rope_inv_freq(c), np.float64)
+
+    def norm(x, w):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + c.rms_norm_eps) * w
+
+    def rope(x, pos):  # x [heads, H]
+        ang = pos * inv_freq
+        x1, x2 = x[:, : h // 2], x[:, h // 2 :]
+        return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], -1)
+
+    out = np.zeros((b, t, c.vocab_size))
+    for row in range(b):
+        real = [i for i in range(t) if mask[row, i]]
+        x = p["embed"][tokens[row]]  # [T, D]
+        for layer in p["layers"].values():
+            a = layer["attn"]
+            y = norm(x, layer["attn_norm"])
+            new = x.copy()
+            ks, vs, qs = {}, {}, {}
+            for pos, i in enumerate(real):
+                q = np.einsum("d,dnh->nh", y[i], a["q_proj"]) + a.get("q_bias", 0)
+                kk = np.einsum("d,dkh->kh", y[i], a["k_proj"]) + a.get("k_bias", 0)
+                vv = np.einsum("d,dkh->kh", y[i], a["v_proj"]) + a.get("v_bias", 0)
+                if c.qk_norm:
+                    q, kk = norm(q, a["q_norm"]), norm(kk, a["k_norm"])
+                qs[i], ks[i], vs[i] = rope(q, pos), rope(kk, pos), vv
+            for pos, i in enumerate(real):
+                heads = []
+                for head in range(n):
+                    kv = head // (n // k)  # HF repeat_kv: consecutive query heads share a kv head
+                    sc = np.array([qs[i][head] @ ks[j][kv] for j in real[: pos + 1]]) / math.sqrt(h)
+                    w = np.exp(sc - sc.max())
+                    w /= w.sum()
+                    heads.append(sum(wj * vs[j][kv] for wj, j in zip(w, real[: pos + 1])))
+                new[i] = x[i] + np.einsum("nh,nhd->d", np.stack(heads), a["o_proj"])
+            x = new
+            z = norm(x, layer["mlp_norm"])
+            m = layer["mlp"]
+            gate, up = z @ m["gate_proj"], z @ m["up_proj"]
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ m["down_proj"]
+        x = norm(x, p["final_norm"])
+        head_w = p["embed"].T if c.tie_embeddings else p["lm_head"]
+        out[row] = x @ head_w
+    return out
+
+
+def test_config_errors_name_the_field_and_allowed_values():
+    with pytest.raises(ValueError, match=r"ModelConfig.dtype must be one of \['bfloat16', 'float32'\], got 'float16'"):
+        M.ModelConfig(**TINY, dtype="float16")
+    with pytest.raises(ValueError, match=r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
+        M.ModelConfig(**{**TINY, "num_kv_heads": 3})
+    with pytest.raises(ValueError, match=r"ModelConfig.hidden_size must be a positive int, got 0"):
+        M.ModelConfig(**{**TINY, "hidden_size": 0})
+    with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+        M.RopeScaling(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
+                      original_max_position_embeddings=8192)
+
+
+def test_parameter_tree_names_and_shapes_are_the_documented_layout():
+    # hf.py maps Hugging Face tensors onto exactly these names and shapes.
+    config = M.ModelConfig(**TINY, qkv_bias=True, qk_norm=True)
+    _, params = nnx.split(M.init_model(config, 0), nnx.Param)
+    shapes = jax.tree.map(lambda x: x.shape, nnx.to_pure_dict(params))
+    assert shapes["embed"] == (37, 16) and shapes["lm_head"] == (16, 37) and shapes["final_norm"] == (16,)
+    assert shapes["layers"][1] == {
+        "attn_norm": (16,), "mlp_norm": (16,),
+        "attn": {"q_proj": (16, 4, 8), "k_proj": (16, 2, 8), "v_proj": (16, 2, 8), "o_proj": (4, 8, 16),
+                 "q_bias": (4, 8), "k_bias": (2, 8), "v_bias": (2, 8), "q_norm": (8,), "k_norm": (8,)},
+        "mlp": {"gate_proj": (16, 24), "up_proj": (16, 24), "down_proj": (24, 16)},
+    }
+    tied = nnx.to_pure_dict(nnx.split(M.init_model(M.ModelConfig(**TINY, tie_embeddings=True), 0), nnx.Param)[1])
+    assert "lm_head" not in tied and "q_bias" not in tied["layers"][0]["attn"]
+
+
+@pytest.mark.parametrize("flags", [
+    dict(),                                                     # Llama
+    dict(qkv_bias=True, tie_embeddings=True),                   # Qwen2 (small, tied)
+    dict(qk_norm=True, rope_theta=1e6),                         # Qwen3
+    dict(rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16)),        # Llama 3.1 scaling
+])
+def test_forward_matches_numpy_reference_with_left_padding(flags):
+    config = M.ModelConfig(**TINY, **flags)
+    graphdef, params = _split(config)
+    tokens = np.array([[3, 9, 1, 30, 7, 2], [0, 0, 5, 11, 36, 4]], np.int32)
+    mask = np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], np.int32)
+    got = np.asarray(_forward(graphdef, params, tokens, mask))
+    want = _numpy_reference(config, params, tokens, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=2e-5, rtol=1e-5)
+    assert np.isfinite(got).all()  # padding queries see no key: finite, not NaN
+
+
+def test_left_padding_does_not_change_real_token_logits():
+    # The same 4 tokens alone, or after 3 pads: positions restart at 0 on the first real token.
+    config = M.ModelConfig(**TINY)
+    graphdef, params = _split(config)
+    alone = _forward(graphdef, params, jnp.array([[4, 8, 15, 16]]), jnp.ones((1, 4), jnp.int32))
+    padded = _forward(graphdef, params, jnp.array([[0, 0, 0, 4, 8, 15, 16]]),
+                       jnp.array([[0, 0, 0, 1, 1, 1, 1]]))
+    np.testing.assert_allclose(padded[:, 3:], alone, atol=1e-5)
+    # Tokens-only call: causal over everything, positions 0..T-1.
+    model = nnx.merge(graphdef, params)
+    np.testing.assert_allclose(model(jnp.array([[4, 8, 15, 16]])), alone, atol=1e-6)
+
+
+def test_llama3_rope_scaling_bands():
+    # factor 8, low 1, high 4, original context 16, head_dim 8, theta 10000:
+    # inv_freq = 1, 0.1, 0.01, 0.001 -> wavelengths 6.28, 62.8, 628, 6283.
+    # wavelen < 16/4 = 4: none; 4..16 (medium): 2*pi -> smooth = (16/6.283 - 1)/3 = 0.5155,
+    #   freq = (1 - s) * 1/8 + s * 1 = 0.5758; > 16 (low band): divided by 8.
+    config = M.ModelConfig(**{**TINY, "head_dim": 8}, rope_scaling=M.RopeScaling(8.0, 1.0, 4.0, 16))
+    got = np.asarray(M.rope_inv_freq(config))
+    smooth = (16 / (2 * math.pi) - 1) / 3
+    np.testing.assert_allclose(got, [(1 - smooth) / 8 + smooth, 0.1 / 8, 0.01 / 8, 0.001 / 8], rtol=1e-6)
+
+
+def test_token_logprobs_equal_log_softmax_of_full_forward_and_entropy_formula():
+    config = M.ModelConfig(**TINY)
+    graphdef, params = _split(config)
+    tokens = jnp.array([[0, 0, 5, 11, 36, 4, 9], [3, 9, 1, 30, 7, 2, 2]])
+    mask = jnp.array([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    temperature = 0.7
+    logits = _forward(graphdef, params, tokens, mask)
+    logp_all = jax.nn.log_softmax(logits / temperature, -1)
+    # Token t is predicted at position t - 1: targets 4..6 come from positions 3..5.
+    want = np.take_along_axis(np.asarray(logp_all[:, 3:6]), np.asarray(tokens[:, 4:, None]), -1)[..., 0]
+    probs = np.exp(np.asarray(logp_all[:, 3:6], np.float64))
+    want_entropy = -(probs * np.log(probs)).sum(-1)
+
+    logp, entropy = _token_logprobs(graphdef, params, tokens, mask, num_targets=3,
+                                     temperature=temperature, return_entropy=True)
+    assert logp.shape == (2, 3) and logp.dtype == jnp.float32
+    np.testing.assert_allclose(logp, want, atol=1e-5)
+    np.testing.assert_allclose(entropy, want_entropy, atol=1e-5)
+    # Chunked path (2 positions per chunk, last chunk padded) gives the same numbers.
+    logp_c, entropy_c = _token_logprobs(graphdef, params, tokens, mask, num_targets=3,
+                                         temperature=temperature, return_entropy=True, chunk_size=2)
+    np.testing.assert_allclose(logp_c, want, atol=1e-5)
+    np.testing.assert_allclose(entropy_c, want_entropy, atol=1e-5)
+    with pytest.raises(ValueError, match=r"num_targets must be in \[1, S - 1\] = \[1, 6\], got 7"):
+        _token_logprobs(graphdef, params, tokens, mask, num_targets=7)
+
+
+def test_chunked_token_logprobs_gradient_matches_unchunked():
+    config = M.ModelConfig(**{**TINY, "num_layers": 1})
+    graphdef, params = _split(config)
+    tokens = jnp.array([[1, 2, 3, 4, 5, 6, 7, 8]])
+    mask = jnp.ones_like(tokens)
+
+    def loss(p, chunk):
+        return M.token_logprobs(graphdef, p, tokens, mask, num_targets=5, chunk_size=chunk).sum()
+
+    g_full = jax.jit(jax.grad(loss), static_argnums=1)(params, None)
+    g_chunk = jax.jit(jax.grad(loss), static_argnums=1)(params, 2)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_partition_specs_table_matches_weight_annotations():
+    config = M.ModelConfig(**TINY, qkv_bias=True, qk_norm=True)
+    _, params = nnx.split(M.init_model(config, 0), nnx.Param)
+    specs = M.partition_specs(params)
+    assert specs["layers"][0]["attn"]["q_proj"].get_value() == P("fsdp", "tensor", None)
+    assert specs["layers"][0]["attn"]["o_proj"].get_value() == P("tensor", None, "fsdp")
+    assert specs["embed"].get_value() == P("tensor", "fsdp") and specs["lm_head"].get_value() == P("fsdp", "tensor")
+    # Each weight's nnx metadata carries the same annotation the table gives.
+    annotated = nnx.get_partition_spec(params)
+    assert jax.tree.leaves(annotated) == jax.tree.leaves(specs)
+    # A plain dict of arrays (e.g. after to_pure_dict) works too.
+    plain = M.partition_specs(nnx.to_pure_dict(params))
+    assert plain["layers"][1]["mlp"]["down_proj"] == P("tensor", "fsdp")
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+    f32 = M.ModelConfig(**TINY)
+    graphdef, params = _split(f32)
+    bf16_graphdef, _ = nnx.split(M.init_model(M.ModelConfig(**TINY, dtype="bfloat16"), 0), nnx.Param)
+    tokens, mask = jnp.array([[3, 9, 1, 30, 7]]), jnp.ones((1, 5), jnp.int32)
+    a = _forward(graphdef, params, tokens, mask)
+    b = _forward(bf16_graphdef, params, tokens, mask)
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, atol=0.05)
+    assert not np.allclose(a, b, atol=1e-6)  # bf16 really was used

@@ -1,0 +1,174 @@
+"""End-to-end GRPO on a tiny model: a learnable reward rises; resume is exact; signals checkpoint.
+
+The task is deliberately trivial (reward = share of '7' characters in a 4-token answer) so a
+2-layer, width-32 model learns it in a few dozen steps on CPU.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import train
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
+                             TrainSection)
+from grpo_jax.tasks import RewardSpec
+from grpo_jax.tokenizer import CharTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sevens_reward(prompts, completions, **_):
+    return [sum(ch == "7" for ch in c) / 4.0 for c in completions]
+
+
+class SevensTask:
+    """Any prompt; the reward counts the 7s in the answer. Eval: the answer is all 7s."""
+
+    name = "sevens"
+
+    def train_example(self, index):
+        return {"prompt": f"{index % 100:02d}+{(index * 7) % 100:02d}=", "answer": "7777"}
+
+    def eval_examples(self):
+        return [self.train_example(100_000 + i) for i in range(4)]
+
+    def reward_fns(self):
+        return [RewardSpec("sevens", sevens_reward, 1.0)]
+
+    def eval_correct(self, completion, example):
+        return completion == "7777"
+
+    def extract_answer(self, completion):
+        return completion or None
+
+
+def tiny_config(run_dir, **train_overrides) -> Config:
+    return Config(
+        model=ModelSection(tokenizer="char:0123456789+=", hidden_size=32, intermediate_size=64, num_layers=2,
+                           num_heads=2, num_kv_heads=1, head_dim=16),
+        sampling=SamplingSection(max_new_tokens=4),
+        grpo=GRPOSection(prompts_per_step=4, num_generations=4, beta=0.04, num_minibatches=2),
+        optim=OptimSection(learning_rate=1e-2),
+        eval=EvalSection(every=0, num_questions=0),
+        train=TrainSection(steps=6, seed=3, run_dir=str(run_dir), checkpoint_every=1, samples_every=0,
+                           progress=False, **train_overrides),
+    )
+
+
+def _params_close(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_learnable_reward_rises(tmp_path):
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=40, checkpoint_every=0),
+                              eval=EvalSection(every=20, num_questions=4, num_samples=2, ks=(1, 2)))
+    result = train.run(cfg, task=SevensTask())
+    rewards = [row["reward"] for row in result.history if "reward" in row]
+    assert len(rewards) == 40
+    # Random init writes a 7 about 1 time in 14; after 40 steps most answer tokens are 7s.
+    assert np.mean(rewards[:5]) < 0.3, rewards[:5]
+    assert np.mean(rewards[-5:]) > 0.6, rewards[-5:]
+    for key in ("kl", "entropy", "clip_ratio/region_mean", "frac_reward_zero_std", "grad_norm",
+                "completions/mean_length", "rewards/sevens/mean", "time/rollout", "tokens_per_second"):
+        assert key in result.history[-1], key
+    lines = open(tmp_path / "metrics.jsonl").read().splitlines()
+    assert json.loads(lines[-1])["step"] == 40
+
+
+def test_resume_gives_the_same_run(tmp_path):
+    straight = train.run(tiny_config(tmp_path / "straight"), task=SevensTask())
+    first = train.run(tiny_config(tmp_path / "split", stop_after_steps=3), task=SevensTask())
+    assert first.step == 3
+    resumed = train.run(tiny_config(tmp_path / "split"), resume=True, task=SevensTask())
+    assert resumed.step == 6
+    drop = ("time/", "tokens_per_second", "recompiles")
+    def clean(row):
+        return {k: v for k, v in row.items() if not k.startswith(drop)}
+    straight_rows = {r["step"]: clean(r) for r in straight.history}
+    for row in resumed.history:
+        assert clean(row) == straight_rows[row["step"]], row["step"]
+    _params_close(straight.params, resumed.params)
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_train import SevensTask, tiny_config
+    from grpo_jax import train
+    cfg = tiny_config({run_dir!r})
+    import dataclasses
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps={steps}))
+    train.run(cfg, resume={resume}, task=SevensTask())
+""")
+
+
+def _child(run_dir, steps, resume=False):
+    code = _CHILD.format(tests=os.path.join(ROOT, "tests"), run_dir=str(run_dir), steps=steps, resume=resume)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def _wait_for_checkpoint(run_dir, proc, timeout=240):
+    ckpt = os.path.join(run_dir, "checkpoints")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if os.path.isdir(ckpt) and any(name.isdigit() for name in os.listdir(ckpt)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read().decode()[-3000:])
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_kill_9_then_resume_matches_straight_run(tmp_path):
+    straight = train.run(dataclasses.replace(
+        tiny_config(tmp_path / "straight"),
+        train=dataclasses.replace(tiny_config(tmp_path).train, steps=12, run_dir=str(tmp_path / "straight"))),
+        task=SevensTask())
+    proc = _child(tmp_path / "killed", steps=12)
+    _wait_for_checkpoint(tmp_path / "killed", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cfg = tiny_config(tmp_path / "killed")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=12))
+    resumed = train.run(cfg, resume=True, task=SevensTask())
+    assert resumed.step == 12
+    _params_close(straight.params, resumed.params)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    proc = _child(tmp_path, steps=200)
+    _wait_for_checkpoint(tmp_path, proc)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIGTERM" in out
+    steps = [int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert max(steps) == rows[-1]["step"] < 200
+
+
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
+    train.run(tiny_config(tmp_path, stop_after_steps=3), task=SevensTask())
+    latest = tmp_path / "checkpoints" / "3"
+    for root, _, files in os.walk(latest):
+        for name in files:
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"garbage")
+    with caplog.at_level(logging.WARNING):
+        resumed = train.run(tiny_config(tmp_path), resume=True, task=SevensTask())
+    assert any("3" in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert resumed.step == 6
+    assert resumed.history[0]["step"] == 3  # steps 1-2 were kept; step 3 was redone
