@@ -22,7 +22,11 @@ def main(argv=None) -> int:
     train.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint")
     args = parser.parse_args(argv)
 
+    from grpo_jax import sharding
+    sharding.initialize_distributed()  # a no-op unless flags/environment describe several processes
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("jax", "absl", "orbax"):  # backend probing and per-save Orbax chatter
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from grpo_jax import config as config_lib
     overrides = list(args.set) + ([f"train.run_dir={args.run_dir}"] if args.run_dir else [])
     try:

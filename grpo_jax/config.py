@@ -55,6 +55,7 @@ class SamplingSection:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    ignore_eos: bool = False  # benchmarks: every completion runs to max_new_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,17 @@ class TrainSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshSection:
+    """The device mesh (grpo_jax.sharding): batch rows over data x fsdp, weights over fsdp and tensor.
+
+    -1 takes the devices left over. The default puts every local device on `data`.
+    """
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     task: TaskSection = dataclasses.field(default_factory=TaskSection)
@@ -140,6 +152,7 @@ class Config:
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
 
     def __post_init__(self):
         validate(self)
@@ -240,6 +253,10 @@ def validate(config: Config) -> None:
             raise ConfigError(f"eval.ks contains {k}; each k must be in [1, eval.num_samples={e.num_samples}]")
     if not 0 <= sft.target_accuracy <= 1:
         raise ConfigError(f"sft.target_accuracy={sft.target_accuracy} must be in [0, 1]")
+    for key in ("data", "fsdp", "tensor"):
+        value = getattr(config.mesh, key)
+        if value == 0 or value < -1:
+            raise ConfigError(f"mesh.{key}={value} must be a positive device count or -1 (the rest)")
     if m.hf_path is None:
         for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
             _positive(f"model.{key}", getattr(m, key))

@@ -32,6 +32,7 @@ from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import sft as sft_lib
+from grpo_jax import sharding
 from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
 from grpo_jax.metrics import MetricsWriter
@@ -61,23 +62,29 @@ def make_optimizer(optim: config_lib.OptimSection, total_updates: int):
     return optax.chain(*parts), schedule
 
 
-def build_model(config: config_lib.Config, tokenizer) -> tuple[model_lib.ModelConfig, Any]:
-    """The policy as an NNX module: a Hugging Face checkpoint, or a fresh one from the model section."""
+def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.ModelConfig, Any, Any]:
+    """(model config, graphdef, params): a Hugging Face checkpoint or a fresh init, sharded on `mesh`.
+
+    A fresh model is initialised through `jax.eval_shape` + `jax.jit(out_shardings=...)`, so it is
+    never built whole on one device.
+    """
     m = config.model
     if m.hf_path:
         from grpo_jax import hf  # only needed for real checkpoints
         model = hf.load_model(m.hf_path, dtype=m.dtype)
-        return model.config, model
+        graphdef, params = nnx.split(model)
+        return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
     if vocab < tokenizer.vocab_size:
         raise config_lib.ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
-                                                                  f"{tokenizer.vocab_size} ids ({m.tokenizer})")
+                                     f"{tokenizer.vocab_size} ids ({m.tokenizer})")
     model_config = model_lib.ModelConfig(
-            vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-            rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
-            qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, param_dtype=m.param_dtype, dtype=m.dtype)
-    return model_config, model_lib.init_model(model_config, m.init_seed)
+        vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+        rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
+        qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, param_dtype=m.param_dtype, dtype=m.dtype)
+    graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
+    return model_config, graphdef, params
 
 
 def _as_dtype(tree, dtype):
@@ -287,12 +294,18 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
     tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
     task = task or make_task(config.task.name, **config.task.options)
-    model_config, model = build_model(config, tokenizer)
-    graphdef, params = nnx.split(model)
-    del model
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    rows_per_micro = (g_cfg.prompts_per_step * g_cfg.num_generations
+                      // (g_cfg.num_minibatches * g_cfg.grad_accum_steps))
+    if rows_per_micro % sharding.batch_size_multiple(mesh):
+        raise config_lib.ConfigError(
+            f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
+            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
+            f"{sharding.batch_size_multiple(mesh)} devices")
+    model_config, graphdef, params = build_model(config, tokenizer, mesh)
     sampler = Sampler(graphdef, model_config, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     rollout_sampling = SamplingConfig(max_new_tokens=s_cfg.max_new_tokens, temperature=s_cfg.temperature,
-                                                                        top_k=s_cfg.top_k, top_p=s_cfg.top_p)
+                                                                        top_k=s_cfg.top_k, top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
     G, B = g_cfg.num_generations, g_cfg.prompts_per_step
     updates_per_step = g_cfg.num_iterations * g_cfg.num_minibatches
     tx, schedule = make_optimizer(config.optim, t_cfg.steps * updates_per_step)
@@ -314,10 +327,10 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                                                                                     seed=t_cfg.seed, log_fn=log.info)
             with open(os.path.join(run_dir, "sft.json"), "w") as f:
                 json.dump(sft_stats, f, indent=2)
-        opt_state = tx.init(params)
+        opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
         ref_params = _frozen_copy(params, ref_dtype) if use_ref else None
     else:
-        opt_state = tx.init(params)
+        opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
         abstract = {"params": params, "opt_state": opt_state}
         if use_ref:
             abstract["ref_params"] = _as_dtype(params, ref_dtype)
@@ -328,7 +341,8 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         data_position = int(meta["data_position"])
         log.info("resumed from step %d (data position %d)", start_step, data_position)
 
-    update_fn = make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature)
+    update_fn = sharding.shard_update_fn(make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature), mesh,
+                                         params, opt_state)
     logprob_fn = make_logprob_fn(graphdef, s_cfg.temperature)
     writer = MetricsWriter(run_dir, total_steps=t_cfg.steps, console=t_cfg.progress,
                                                   key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"))
@@ -431,7 +445,8 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                     for mb in range(g_cfg.num_minibatches):
                         idx = order[mb * A * M:(mb + 1) * A * M]
                         batch = UpdateBatch(**{k: (None if v is None else v[idx].reshape((A, M) + v.shape[1:]))
-                                                                      for k, v in full.items()})
+                                               for k, v in full.items()})
+                        batch = jax.device_put(batch, sharding.batch_sharding(mesh, row_axis=1))
                         params, opt_state, m = update_fn(params, opt_state, batch)
                         step_metrics.append(m)
                 metrics = {k: float(v) for k, v in step_metrics[0].items()}  # first update: on-policy figures
