@@ -303,7 +303,10 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
             f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
             f"{sharding.batch_size_multiple(mesh)} devices")
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
-    sampler = Sampler(graphdef, model_config, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    # Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would
+    # double the update's sequence length; a few buckets keep recompiles to the first steps.
+    sampler = Sampler(graphdef, model_config, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                      prompt_buckets=tuple(8 << i for i in range(12)))
     rollout_sampling = SamplingConfig(max_new_tokens=s_cfg.max_new_tokens, temperature=s_cfg.temperature,
                                                                         top_k=s_cfg.top_k, top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
     G, B = g_cfg.num_generations, g_cfg.prompts_per_step

@@ -190,3 +190,43 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
     assert any("3" in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
     assert resumed.step == 6
     assert resumed.history[0]["step"] == 3  # steps 1-2 were kept; step 3 was redone
+
+
+def test_every_grpo_option_runs_and_reports(tmp_path):
+    """DAPO dynamic sampling, mu=2 with recomputed pi_old, accumulation, token aggregation, clip-higher,
+    batch-std advantages, truncation masking, bf16 reference with resync, HF export: all in one run."""
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(
+        cfg,
+        grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2, num_iterations=2,
+                                 old_logprobs="recompute", grad_accum_steps=2, num_minibatches=2,
+                                 aggregation="token", eps_high=0.28, scale_rewards="batch",
+                                 mask_truncated_completions=True, ref_dtype="bfloat16", ref_resync_every=2,
+                                 kl="k2", ratio="sequence"),
+        train=dataclasses.replace(cfg.train, steps=3, export_hf=True))
+    result = train.run(cfg, task=SevensTask())
+    last = result.history[-1]
+    assert 1 <= last["dynamic_sampling/rounds"] <= 3
+    for key in ("loss", "kl", "grad_norm", "clip_ratio/high_mean", "advantages/std"):
+        assert np.isfinite(last[key]), key
+    from grpo_jax import hf
+    exported = hf.load_model(str(tmp_path / "hf"))
+    assert exported.config.num_layers == 2
+
+
+def test_select_groups_keeps_informative_groups_first():
+    rewards = [np.array([1, 1, 0, 1, 2, 2], np.float32), np.array([0, 0, 3, 4, 5, 5], np.float32)]
+    ros = [type("R", (), {"rewards": r})() for r in rewards]
+    # group_size 2: groups (1,1) (0,1) (2,2) | (0,0) (3,4) (5,5); informative: (0,1) and (3,4).
+    chosen, informative = train._select_groups(ros, 2, 3, dynamic=True)
+    assert informative == 2
+    assert chosen == [(0, 1), (1, 1), (0, 0)]  # the informative two, then the first zero-variance one
+    chosen, _ = train._select_groups(ros[:1], 2, 3, dynamic=False)
+    assert chosen == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_bad_mesh_for_the_batch_is_a_config_error(tmp_path):
+    from grpo_jax.config import ConfigError, MeshSection
+    cfg = dataclasses.replace(tiny_config(tmp_path), mesh=MeshSection(data=3))
+    with pytest.raises((ConfigError, ValueError), match="mesh"):
+        train.run(cfg, task=SevensTask())
