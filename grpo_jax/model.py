@@ -208,6 +208,41 @@ def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Arr
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+@jax.custom_vjp
+def dense(x_BxTxD: jax.Array, w_DxF: jax.Array) -> jax.Array:
+    """x_BxTxD @ w_DxF -> [B, T, F], with a backward pass laid out for XLA's CPU matmul kernels.
+
+    The weight gradient x^T @ dy is formed from an explicit transposed copy of x (the smaller
+    operand, [D, B*T]) behind an optimization barrier, so it runs as a plain [D, BT] x [BT, F]
+    matmul. Left to itself XLA kept x and transposed dy instead, fused with the elementwise
+    backward of SwiGLU into slow strided loops (benchmarks/NOTES.md).
+    """
+    return jnp.einsum("btd,df->btf", x_BxTxD, w_DxF)
+
+
+def _dense_fwd(x_BxTxD, w_DxF):
+    return dense(x_BxTxD, w_DxF), (x_BxTxD, w_DxF)
+
+
+def _dense_bwd(res, dy_BxTxF):
+    x_BxTxD, w_DxF = res
+    d, f = w_DxF.shape
+    barrier = jax.lax.optimization_barrier
+    # dy materialised once (not recomputed inside each matmul that reads it), both products
+    # as plain row-major [M, K] x [K, N] matmuls; the transposed copy is of the smaller operand.
+    dy_NxF = barrier(dy_BxTxF.reshape(-1, f).astype(x_BxTxD.dtype))
+    x_NxD = x_BxTxD.reshape(-1, d)
+    dx_NxD = jnp.dot(dy_NxF, barrier(w_DxF.T.astype(dy_NxF.dtype)))
+    if d <= f:
+        dw = jnp.dot(barrier(x_NxD.T), dy_NxF, preferred_element_type=jnp.float32)
+    else:
+        dw = jnp.dot(barrier(dy_NxF.T), x_NxD, preferred_element_type=jnp.float32).T
+    return dx_NxD.reshape(x_BxTxD.shape).astype(x_BxTxD.dtype), dw.astype(w_DxF.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 class KVCache(NamedTuple):
     """One layer's keys (after RoPE) and values, slot s of row b at [b, :, s].
 
@@ -248,9 +283,24 @@ class Attention(nnx.Module):
         c = self.config
         dt = _DTYPES[c.dtype]
         x = x_BxTxD.astype(dt)
-        q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
-        k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
-        v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+        b, t = x.shape[:2]
+        n, kv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        if t == 1:
+            # Decode: three matmuls on the weights as stored; a concatenated copy would be rebuilt
+            # (a full weight read and write) at every step of the while_loop.
+            q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
+            k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
+            v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+        else:
+            # One [D, (N + 2K) H] matmul instead of three: fewer, larger dots run nearer the CPU's
+            # matmul peak, forward and backward (benchmarks/NOTES.md).
+            w_qkv = jnp.concatenate([self.q_proj[...].reshape(c.hidden_size, n * hd),
+                                     self.k_proj[...].reshape(c.hidden_size, kv * hd),
+                                     self.v_proj[...].reshape(c.hidden_size, kv * hd)], axis=1).astype(dt)
+            qkv = dense(x, w_qkv)
+            q = qkv[..., : n * hd].reshape(b, t, n, hd)
+            k = qkv[..., n * hd : (n + kv) * hd].reshape(b, t, kv, hd)
+            v = qkv[..., (n + kv) * hd :].reshape(b, t, kv, hd)
         if c.qkv_bias:
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
@@ -272,7 +322,6 @@ class Attention(nnx.Module):
                 jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype), start),
             )
         keys, values = cache.k_BxKxSxH.astype(dt), cache.v_BxKxSxH.astype(dt)
-        b, t = q.shape[:2]
         s = keys.shape[2]
         g = c.num_heads // c.num_kv_heads
         # Query heads n = k * G + g share kv head k (HF repeat_kv order). Both products are
@@ -295,7 +344,11 @@ class Attention(nnx.Module):
         out_BxKxGTxH = jax.lax.dot_general(probs, values, (((3,), (2,)), batch))
         out_BxKxGxTxH = out_BxKxGTxH.reshape(b, c.num_kv_heads, g, t, c.head_dim)
         o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
-        return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
+        if t == 1:
+            return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
+        # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
+        out_BxTxNH = out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * hd)
+        return dense(out_BxTxNH, o_KxGxHxD.reshape(n * hd, c.hidden_size)), cache
 
 
 class MLP(nnx.Module):
@@ -309,9 +362,18 @@ class MLP(nnx.Module):
     def __call__(self, x_BxTxD):
         dt = _DTYPES[self.config.dtype]
         x = x_BxTxD.astype(dt)
-        gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
-        up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
-        return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+        if x.shape[1] == 1:  # decode: no per-step weight concatenation (see Attention)
+            gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
+            up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
+        else:  # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
+            w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
+            gate_up = dense(x, w_gate_up)
+            f = self.config.intermediate_size
+            gate, up = gate_up[..., :f], gate_up[..., f:]
+        hidden_BxTxF = jax.nn.silu(gate) * up
+        if x.shape[1] == 1:
+            return jnp.einsum("btf,fd->btd", hidden_BxTxF, self.down_proj[...].astype(dt))
+        return dense(hidden_BxTxF, self.down_proj[...].astype(dt))
 
 
 class Block(nnx.Module):

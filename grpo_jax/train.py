@@ -153,10 +153,16 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             (loss, metrics), grads = grad_fn(params, mb)
             return jax.tree.map(jnp.add, grad_sum, grads), (loss, metrics)
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grad_sum, (loss, metrics) = jax.lax.scan(micro_step, zeros, batch)
         num_micro = batch.completion_mask.shape[0]
-        grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
+        if num_micro == 1:
+            # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
+            # splits the program) and without a zeros tree plus an add over every parameter.
+            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
+            loss, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grad_sum, (loss, metrics) = jax.lax.scan(micro_step, zeros, batch)
+            grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
@@ -431,6 +437,9 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 sampler_logp = jnp.asarray(host["logprobs"])
                 ref_logp = logprob_fn(ref_params, tokens, attention, C) if g_cfg.beta > 0 else None
                 old_logp = logprob_fn(params, tokens, attention, C) if g_cfg.old_logprobs == "recompute" else sampler_logp
+                # Wait for them so time/logprobs is their compute, not just the dispatch (the
+                # update needs them next anyway, so this costs no overlap).
+                jax.block_until_ready((ref_logp, old_logp))
                 t_logprobs = time.perf_counter() - t0
 
                 # 6: mu passes over the batch in minibatches of A micro-batches each.
