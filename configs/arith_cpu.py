@@ -1,7 +1,6 @@
-"""The CPU demo: SFT warm-up then GRPO on 2-digit addition, answers written least-significant digit first.
+"""python -m grpo_jax train --config configs/arith_cpu.py
 
-    python -m grpo_jax train --config configs/arith_cpu.py
-
+The CPU demo: SFT warm-up then GRPO on 2-digit addition, answers written least-significant digit first.
 A 2-layer, width-128 decoder (~0.4M parameters) over a 14-symbol vocabulary. SFT stops once greedy
 validation accuracy reaches 0.25, so GRPO (verifier reward only, no labels) has the rest to learn.
 Settings from ../shared/DEMO_NOTES.md: 16 prompts x G=8, temperature 1, AdamW lr 2e-4 (b2 0.99),

@@ -1,7 +1,6 @@
-"""GRPO on a Qwen2.5-0.5B-class model on one or more local GPUs, GSM8K-style JSONL data, R1 template.
+"""python -m grpo_jax train --config configs/qwen25_05b_gpu.py --set model.hf_path=/models/Qwen2.5-0.5B-Instruct --set task.options.path=data/gsm8k_train.jsonl
 
-  python -m grpo_jax train --config configs/qwen25_05b_gpu.py --set model.hf_path=/models/Qwen2.5-0.5B-Instruct --set task.options.path=data/gsm8k_train.jsonl
-
+GRPO on a Qwen2.5-0.5B-class model on one or more local GPUs, GSM8K-style JSONL data, R1 template.
 Weights are never downloaded: `model.hf_path` is a local Hugging Face directory (config.json,
 *.safetensors, tokenizer.json). The data file holds one {"question": ..., "answer": ...} object per
 line; GSM8K's "#### 42" answers are understood. bf16 compute and a bf16 reference keep the policy,

@@ -1,7 +1,6 @@
-"""GRPO on a TPU pod slice (e.g. v5e-16): a 7B-class Hugging Face checkpoint, GSM8K-style JSONL data.
+"""python -m grpo_jax train --config configs/tpu_pod.py --set model.hf_path=/mnt/models/Qwen2.5-7B-Instruct --set task.options.path=/mnt/data/gsm8k_train.jsonl
 
-  python -m grpo_jax train --config configs/tpu_pod.py --set model.hf_path=/mnt/models/Qwen2.5-7B-Instruct --set task.options.path=/mnt/data/gsm8k_train.jsonl
-
+GRPO on a TPU pod slice (e.g. v5e-16): a 7B-class Hugging Face checkpoint, GSM8K-style JSONL data.
 Run the same command on every worker of the slice (launch/tpu_pod.sh does that through gcloud); JAX's
 multi-controller runtime joins them. Paths must be readable on every worker.
 """

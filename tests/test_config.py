@@ -54,7 +54,7 @@ def test_shipped_configs_load_and_validate():
             with open(os.path.join(ROOT, "configs", name)) as f:
                 doc = f.read().split('"""')[1]
             # big_vision habit: each config's docstring opens with the command that runs it.
-            assert "python -m grpo_jax train --config configs/" + name in doc, name
+            assert doc.startswith("python -m grpo_jax train --config configs/" + name), name
 
 
 def test_missing_config_file_is_named(tmp_path):
