@@ -75,10 +75,38 @@ class DecodeState(NamedTuple):
     done_B: jax.Array              # bool: EOS already emitted
 
 
-def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int) -> DecodeState:
-    """Forward over N left-padded prompts once; repeat each row's KV G times into S = P + C slots."""
+def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
+    """Ends (in generated tokens) of the decode segments; segment k attends over P + end_k slots.
+
+    A fixed cache of P + C slots makes every step multiply all of them, masked ones included, so
+    long generations pay for slots not yet written. Growing the cache segment by segment attends
+    only over (about) the filled part; each extra segment costs one more compiled loop body, so
+    short generations (C <= segment) keep a single one.
+    """
+    seg = max(segment, 1)
+    return tuple(range(seg, max_new_tokens, seg)) + (max_new_tokens,)
+
+
+def _grow(state: "DecodeState", slots: int) -> "DecodeState":
+    """Appends `slots` empty cache slots (visible once written: the causal test hides the rest)."""
+    if slots == 0:
+        return state
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, slots), (0, 0)))  # noqa: E731
+    b = state.key_mask_BxS.shape[0]
+    return state._replace(
+        caches=[KVCache(pad(layer.k_BxKxSxH), pad(layer.v_BxKxSxH)) for layer in state.caches],
+        key_mask_BxS=jnp.concatenate([state.key_mask_BxS, jnp.ones((b, slots), jnp.int32)], axis=1))
+
+
+def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int,
+            cache_tokens: int | None = None) -> DecodeState:
+    """Forward over N left-padded prompts once; repeat each row's KV G times into S = P + c slots.
+
+    c = `cache_tokens` (default max_new_tokens): the slots the first decode segment needs
+    (`decode_segments`); later segments grow the cache.
+    """
     model = nnx.merge(graphdef, params)
-    g, c = num_samples, max_new_tokens
+    g, c = num_samples, cache_tokens or max_new_tokens
     h_NxPxD, kv = model.hidden_states(tokens_NxP, default_positions(mask_NxP), mask_NxP)
     # Left padding puts every prompt's last real token in slot P - 1.
     logits_NxV = model.logits(h_NxPxD[:, -1:])[:, 0]
@@ -98,8 +126,8 @@ def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new
         logits_BxV=jnp.repeat(logits_NxV, g, axis=0),
         positions_B=mask_BxP.sum(axis=1),
         step=jnp.zeros((), jnp.int32),
-        tokens_BxC=jnp.zeros((b, c), jnp.int32),
-        logprobs_BxC=jnp.zeros((b, c), jnp.float32),
+        tokens_BxC=jnp.zeros((b, max_new_tokens), jnp.int32),
+        logprobs_BxC=jnp.zeros((b, max_new_tokens), jnp.float32),
         done_B=jnp.zeros((b,), bool),
     )
 
@@ -156,9 +184,14 @@ def _sample(logits_BxV, key, sampling: SamplingConfig):
 
 
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
-           eos_id: int, pad_id: int) -> DecodeState:
-    """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done."""
+           eos_id: int, pad_id: int, segment: int | None = None) -> DecodeState:
+    """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done.
+
+    With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
+    so attention covers only the slots the segment can have filled; the samples are the same.
+    """
     c = sampling.max_new_tokens
+    ends = decode_segments(c, segment or c)
 
     def record(st: DecodeState) -> DecodeState:
         token_B, logp_B = _sample(st.logits_BxV, jax.random.fold_in(rng, st.step), sampling)
@@ -173,8 +206,8 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
             step=st.step + 1,
         )
 
-    def cond(st: DecodeState):
-        return (st.step < c) & ~jnp.all(st.done_B)
+    def cond_until(end):
+        return lambda st: (st.step < end) & ~jnp.all(st.done_B)
 
     def body(st: DecodeState) -> DecodeState:
         # Sample, then feed the new token (slot P + step) to get the next logits. After the last
@@ -187,7 +220,11 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
         return st._replace(caches=caches, logits_BxV=logits_BxV, positions_B=st.positions_B + 1)
 
     state = state._replace(tokens_BxC=jnp.full_like(state.tokens_BxC, pad_id))
-    return jax.lax.while_loop(cond, body, state)
+    for end in ends:
+        # Slots for this segment's tokens; a no-op for the first (prefill sized it).
+        state = _grow(state, prompt_len + end - state.key_mask_BxS.shape[1])
+        state = jax.lax.while_loop(cond_until(end), body, state)
+    return state
 
 
 def bucket_length(length: int, buckets: tuple[int, ...]) -> int:
@@ -203,7 +240,8 @@ class Sampler:
     """Samples G completions per prompt. Holds only static fields and its compiled functions."""
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int, pad_id: int,
-                 prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)):
+                 prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
+                 decode_segment: int = 128):
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < config.vocab_size:
                 raise ValueError(f"Sampler {name} must be in [0, vocab_size={config.vocab_size}), got {value}")
@@ -214,20 +252,27 @@ class Sampler:
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.prompt_buckets = tuple(sorted(prompt_buckets))
+        if decode_segment <= 0:
+            raise ValueError(f"Sampler decode_segment must be a positive number of tokens, got {decode_segment}")
+        # Tokens per decode segment: generations longer than this grow the cache in segments and
+        # attend only over what can be filled (see decode_segments); shorter ones use one loop.
+        self.decode_segment = decode_segment
         self._compiled: dict[tuple, tuple] = {}
         self.num_traces = 0  # times a prefill/decode pair was traced (= compiled); tests read it
 
     def _functions(self, prompt_len: int, num_prompts: int, num_samples: int, sampling: SamplingConfig):
         key = (prompt_len, num_prompts, num_samples, sampling)
         if key not in self._compiled:
+            ends = decode_segments(sampling.max_new_tokens, self.decode_segment)
+
             def prefill_fn(params, tokens, mask):
                 self.num_traces += 1
                 return prefill(self.graphdef, params, tokens, mask, num_samples=num_samples,
-                               max_new_tokens=sampling.max_new_tokens)
+                               max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
 
             def decode_fn(params, state, rng):
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
-                            eos_id=self.eos_id, pad_id=self.pad_id)
+                            eos_id=self.eos_id, pad_id=self.pad_id, segment=self.decode_segment)
                 mask_BxP = state.key_mask_BxS[:, :prompt_len]
                 c = sampling.max_new_tokens
                 # 1 up to and including the first EOS; all 1 when EOS is ignored.
@@ -242,7 +287,10 @@ class Sampler:
                 # aliases an output: XLA then reuses the prefill's cache memory in place.
                 return st, (mask_BxP, st.tokens_BxC, mask_BxC, truncated_B, st.logprobs_BxC * mask_BxC)
 
-            self._compiled[key] = (jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=1))
+            # One segment: the prefill's cache is updated in place (donated, aliased by the output).
+            # Several: each segment's larger cache is new memory, so donating would only warn.
+            donate = (1,) if len(ends) == 1 else ()
+            self._compiled[key] = (jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=donate))
         return self._compiled[key]
 
     def __call__(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
