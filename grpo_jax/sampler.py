@@ -75,6 +75,9 @@ class DecodeState(NamedTuple):
     done_B: jax.Array              # bool: EOS already emitted
 
 
+_MAX_SEGMENTS = 8  # each segment is one more compiled loop body (~1-2 s of compile on a CPU)
+
+
 def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
     """Ends (in generated tokens) of the decode segments; segment k attends over P + end_k slots.
 
@@ -83,7 +86,7 @@ def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
     only over (about) the filled part; each extra segment costs one more compiled loop body, so
     short generations (C <= segment) keep a single one.
     """
-    seg = max(segment, 1)
+    seg = max(segment, -(-max_new_tokens // _MAX_SEGMENTS), 1)
     return tuple(range(seg, max_new_tokens, seg)) + (max_new_tokens,)
 
 
@@ -241,7 +244,7 @@ class Sampler:
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int, pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-                 decode_segment: int = 128):
+                 decode_segment: int = 64):
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < config.vocab_size:
                 raise ValueError(f"Sampler {name} must be in [0, vocab_size={config.vocab_size}), got {value}")
