@@ -23,6 +23,25 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from grpo_jax import sharding  # noqa: E402
 
 
+def _lenient_task():
+    from test_train import SevensTask
+
+    class LenientSevens(SevensTask):
+        """Eval: correct when the answer starts with a low digit, so an untrained model scores
+        neither 0 nor 1 and pass@k / maj@k compare meaningfully (the final answer: the first char)."""
+
+        def eval_examples(self):
+            return [self.train_example(100_000 + i) for i in range(8)]
+
+        def eval_correct(self, completion, example):
+            return completion[:1] in ("0", "1", "2", "3", "4")
+
+        def extract_answer(self, completion):
+            return completion[:1] or None
+
+    return LenientSevens()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -48,9 +67,11 @@ def main(argv=None) -> int:
                               # Adam eps 1e-4 (not 1e-8): near-zero gradients' float32 noise (the two
                               # runs sum in different orders) is not blown up to whole update steps.
                               optim=dataclasses.replace(cfg.optim, eps=1e-4))
+    task = SevensTask()
     if args.eval:
-        cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=4, num_samples=2, ks=(1, 2)))
-    result = train.run(cfg, task=SevensTask())
+        cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))
+        task = _lenient_task()
+    result = train.run(cfg, task=task)
     out = {"process_index": jax.process_index(), "process_count": jax.process_count(),
            "device_count": jax.device_count(), "step": result.step,
            "history": [{k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_second"}
