@@ -557,7 +557,11 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
     if step == t_cfg.steps and t_cfg.export_hf:
         from grpo_jax import hf
-        hf.save_model(nnx.merge(graphdef, params), os.path.join(run_dir, "hf"))
+        export = params
+        if multi:  # every process joins the gather of the whole weights; process 0 writes them
+            export = jax.tree.map(jnp.asarray, _all_rows_tree(params))
+        if primary:
+            hf.save_model(nnx.merge(graphdef, export), os.path.join(run_dir, "hf"))
     return RunResult(run_dir=run_dir, step=step, history=history, evals=evals, params=params)
 
 
@@ -589,6 +593,13 @@ def _all_rows(x) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _all_rows_tree(tree):
+    """Every leaf of a tree of global arrays, whole, on this host (all processes must call it)."""
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 def ckpt_dir_of(run_dir: str) -> str:

@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     from test_train import SevensTask, tiny_config
 
     cfg = tiny_config(args.run_dir)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0),
+    train_cfg = dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0, export_hf=True)
+    cfg = dataclasses.replace(cfg, train=train_cfg,
                               mesh=MeshSection(data=-1),
                               # Adam eps 1e-4 (not 1e-8): near-zero gradients' float32 noise (the two
                               # runs sum in different orders) is not blown up to whole update steps.

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 TESTS = Path(__file__).parent
@@ -84,3 +85,10 @@ def test_two_process_train_run_matches_one_process(tmp_path):
     # Process 0 alone writes the run directory's files; the checkpoint of the last step is there.
     assert len((tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()) == 3
     assert (tmp_path / "multi" / "checkpoints" / "2").is_dir()
+    # export_hf: the weights gathered from both processes, written once, equal to one process's.
+    from safetensors.numpy import load_file
+
+    got, want = (load_file(str(tmp_path / n / "hf" / "model.safetensors")) for n in ("multi", "single"))
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
