@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--stop-after", type=int, default=0, help="train.stop_after_steps")
+    parser.add_argument("--resume", action="store_true")
     parser.add_argument("--eval", action="store_true", help="held-out eval at steps 0 and the last")
     args = parser.parse_args(argv)
     if args.num_processes > 1:
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
     from test_train import SevensTask, tiny_config
 
     cfg = tiny_config(args.run_dir)
-    train_cfg = dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0, export_hf=True)
+    train_cfg = dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0, export_hf=True,
+                                    stop_after_steps=args.stop_after)
     cfg = dataclasses.replace(cfg, train=train_cfg,
                               mesh=MeshSection(data=-1),
                               # Adam eps 1e-4 (not 1e-8): near-zero gradients' float32 noise (the two
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
     if args.eval:
         cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))
         task = _lenient_task()
-    result = train.run(cfg, task=task)
+    result = train.run(cfg, task=task, resume=args.resume)
     out = {"process_index": jax.process_index(), "process_count": jax.process_count(),
            "device_count": jax.device_count(), "step": result.step,
            "history": [{k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_second"}

@@ -37,6 +37,46 @@ def _env(devices: int) -> dict:
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}")
 
 
+def _run_pair(tmp_path, tag: str, run_dir, *extra: str) -> tuple[dict, dict]:
+    script = str(TESTS / "multihost_train_check.py")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / f"{tag}{i}.json"), "--run-dir", str(run_dir),
+                               "--process-id", str(i), "--num-processes", "2", "--port", str(port), *extra],
+                              env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-4000:] for log in logs)
+    return tuple(json.loads((tmp_path / f"{tag}{i}.json").read_text()) for i in range(2))
+
+
+@pytest.mark.slow
+def test_two_process_stop_and_resume_matches_one_process(tmp_path):
+    """Orbax checkpoints written and restored by both processes: stop after step 1, resume to 2."""
+    script = str(TESTS / "multihost_train_check.py")
+    single = subprocess.run([sys.executable, script, str(tmp_path / "single.json"), "--run-dir",
+                             str(tmp_path / "single")], env=_env(2), cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+    ref = json.loads((tmp_path / "single.json").read_text())
+    first = _run_pair(tmp_path, "a", tmp_path / "multi", "--stop-after", "1")
+    assert [r["step"] for r in first] == [1, 1]
+    assert (tmp_path / "multi" / "checkpoints" / "1").is_dir()
+    r0, r1 = _run_pair(tmp_path, "b", tmp_path / "multi", "--resume")
+    assert r0["history"] == r1["history"]
+    assert [row["step"] for row in r0["history"]] == [2]
+    got, want = r0["history"][0], ref["history"][1]
+    assert got["data_position"] == want["data_position"] and got["reward"] == want["reward"]
+    for k in KEYS:
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k
+
+
 def test_two_process_train_run_matches_one_process(tmp_path):
     script = str(TESTS / "multihost_train_check.py")
     port = _free_port()
@@ -92,3 +132,22 @@ def test_two_process_train_run_matches_one_process(tmp_path):
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_multihost_settings_it_cannot_run_are_config_errors(monkeypatch, tmp_path):
+    import dataclasses
+
+    from grpo_jax import sharding, train
+    from grpo_jax.config import ConfigError, SFTSection
+    from test_train import tiny_config
+
+    monkeypatch.setattr(train.jax, "process_count", lambda: 2)
+    cfg = tiny_config(tmp_path)
+    mesh = sharding.make_mesh()
+    train._check_multihost(cfg, mesh)  # 4 prompts over 2 processes: fine
+    with pytest.raises(ConfigError, match="prompts_per_step=3 must split evenly over 2 processes"):
+        train._check_multihost(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prompts_per_step=3)), mesh)
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        train._check_multihost(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True)), mesh)
+    with pytest.raises(ConfigError, match="sft.steps"):
+        train._check_multihost(dataclasses.replace(cfg, sft=dataclasses.replace(SFTSection(), steps=1)), mesh)
