@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from grpo_jax import evaluation
+from grpo_jax import sharding
 from grpo_jax.rewards import compute_rewards
 from grpo_jax.sampler import SampleOutput, Sampler, SamplingConfig
 
@@ -39,9 +40,10 @@ def generate_and_score(sampler: Sampler, params, tokenizer, task, examples: Sequ
     """Samples `num_samples` answers per example and scores them with the task's reward functions."""
     prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in examples]
     sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
-    tokens = np.asarray(sample.tokens_BxC)
-    mask = np.asarray(sample.mask_BxC)
-    truncated = np.asarray(sample.truncated_B).astype(bool)
+    # This process's rows (all of them on one process; its host slice on several).
+    tokens = sharding.process_rows(sample.tokens_BxC)
+    mask = sharding.process_rows(sample.mask_BxC)
+    truncated = sharding.process_rows(sample.truncated_B).astype(bool)
     lengths = mask.sum(axis=1).astype(np.int32)
     completions = [tokenizer.decode(row[:n]) for row, n in zip(tokens, lengths)]
     rep_examples = [ex for ex in examples for _ in range(num_samples)]
@@ -65,30 +67,52 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
     sampler compiles once per eval shape.
     """
     results: dict[str, float] = {}
+    # Multi-host: each process samples its host slice of every chunk of questions; the per-question
+    # results are gathered before the averages, so they equal the single-host ones.
+    mesh = getattr(sampler, "mesh", None)
+    multi = mesh is not None and jax.process_count() > 1
+    local = sharding.host_slice(batch_prompts, mesh) if multi else slice(0, batch_prompts)
     modes = [("sampled", num_samples, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature))]
     if greedy:
         modes.append(("greedy", 1, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)))
     for mode_i, (mode, n, sampling) in enumerate(modes):
         correct = np.zeros((len(examples), n), bool)
+        owned = np.zeros(len(examples), bool)  # questions this process answered (all on one host)
         answers: list[list[str | None]] = [[] for _ in examples]
         for start in range(0, len(examples), batch_prompts):
             chunk = list(examples[start:start + batch_prompts])
             real = len(chunk)
             chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
-            prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in chunk]
+            prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in chunk[local]]
             key = jax.random.fold_in(jax.random.fold_in(rng, mode_i), start)
             sample = sampler(params, prompt_ids, num_samples=n, sampling=sampling, rng=key)
-            tokens = np.asarray(sample.tokens_BxC)
-            lengths = np.asarray(sample.mask_BxC).sum(axis=1)
-            truncated = np.asarray(sample.truncated_B).astype(bool)
-            for row in range(real * n):
+            tokens = sharding.process_rows(sample.tokens_BxC)
+            lengths = sharding.process_rows(sample.mask_BxC).sum(axis=1)
+            truncated = sharding.process_rows(sample.truncated_B).astype(bool)
+            for row in range(max(0, min(real, local.stop) - local.start) * n):
                 q, j = divmod(row, n)
+                q += local.start
+                owned[start + q] = True
+                row = (q - local.start) * n + j
                 text = tokenizer.decode(tokens[row, :lengths[row]])
                 ex = chunk[q]
                 # A truncated answer never finished, so it has no final answer (seed Part 2, defence 3).
                 ok = (not truncated[row]) and bool(task.eval_correct(text, ex))
                 correct[start + q, j] = ok
                 answers[start + q].append(None if truncated[row] else task.extract_answer(text))
+        majs = {}
+        for k in ks:
+            if k > 1 and mode != "greedy":
+                # A voted answer is as correct as the first sample that gave it (same final answer).
+                majs[k] = [evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
+                           if owned[q] else 0.0 for q in range(len(examples))]
+        if multi:
+            # Each question was answered on exactly one process: the others hold False / 0 there.
+            from jax.experimental import multihost_utils
+
+            correct = np.asarray(multihost_utils.process_allgather(correct)).any(axis=0)
+            majs = {k: np.asarray(multihost_utils.process_allgather(np.asarray(v, np.float64))).sum(axis=0)
+                    for k, v in majs.items()}
         if mode == "greedy":
             results["eval/greedy_accuracy"] = float(correct[:, 0].mean())
             continue
@@ -97,9 +121,6 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
         for k in ks:
             if k > 1:
                 results[f"eval/pass@{k}"] = float(np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts]))
-                # A voted answer is as correct as the first sample that gave it (same final answer).
-                results[f"eval/maj@{k}"] = float(np.mean([
-                    evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
-                    for q in range(len(examples))]))
+                results[f"eval/maj@{k}"] = float(np.mean(majs[k]))
     return results
 

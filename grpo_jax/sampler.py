@@ -244,7 +244,7 @@ class Sampler:
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int, pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-                 decode_segment: int = 64):
+                 decode_segment: int = 64, mesh=None):
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < config.vocab_size:
                 raise ValueError(f"Sampler {name} must be in [0, vocab_size={config.vocab_size}), got {value}")
@@ -260,6 +260,10 @@ class Sampler:
         # Tokens per decode segment: generations longer than this grow the cache in segments and
         # attend only over what can be filled (see decode_segments); shorter ones use one loop.
         self.decode_segment = decode_segment
+        # Multi-host (jax.process_count() > 1): each process passes its own prompts (its host
+        # slice); they are assembled into global arrays with rows over ("data", "fsdp") and the
+        # SampleOutput arrays are global too (read a process's rows with sharding.process_rows).
+        self.mesh = mesh
         self._compiled: dict[tuple, tuple] = {}
         self.num_traces = 0  # times a prefill/decode pair was traced (= compiled); tests read it
 
@@ -309,17 +313,59 @@ class Sampler:
             if min(p) < 0 or max(p) >= v:
                 raise ValueError(f"Sampler: prompts[{i}] has token ids outside [0, vocab_size={v}): "
                                  f"min {min(p)}, max {max(p)}")
-        prompt_len = bucket_length(max(len(p) for p in prompts), self.prompt_buckets)
+        multi = self.mesh is not None and jax.process_count() > 1
+        longest = max(len(p) for p in prompts)
+        num_prompts = len(prompts)
+        if multi:
+            from jax.experimental import multihost_utils
+
+            # Every process must compile the same program: agree on the bucket and the row count.
+            agreed = np.asarray(multihost_utils.process_allgather(np.array([longest, num_prompts], np.int32)))
+            agreed = agreed.reshape(-1, 2)
+            if len(set(agreed[:, 1].tolist())) != 1:
+                raise ValueError(f"Sampler: processes passed different numbers of prompts {agreed[:, 1].tolist()}; "
+                                 "each process must pass an equal share (its host slice)")
+            longest = int(agreed[:, 0].max())
+            num_prompts = int(agreed[:, 1].sum())
+        prompt_len = bucket_length(longest, self.prompt_buckets)
         tokens = np.full((len(prompts), prompt_len), self.pad_id, np.int32)
         mask = np.zeros((len(prompts), prompt_len), np.int32)
         for i, p in enumerate(prompts):
             tokens[i, prompt_len - len(p):] = p
             mask[i, prompt_len - len(p):] = 1
-        prefill_fn, decode_fn = self._functions(prompt_len, len(prompts), num_samples, sampling)
+        prefill_fn, decode_fn = self._functions(prompt_len, num_prompts, num_samples, sampling)
+        if multi:
+            return self._call_global(params, tokens, mask, num_prompts, num_samples, rng, prefill_fn, decode_fn)
         _, (mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC) = decode_fn(
             params, prefill_fn(params, tokens, mask), rng)
         return SampleOutput(
             prompt_tokens_BxP=jnp.asarray(np.repeat(tokens, num_samples, axis=0)),
+            prompt_mask_BxP=mask_BxP,
+            tokens_BxC=tokens_BxC,
+            mask_BxC=mask_BxC,
+            truncated_B=truncated_B,
+            logprobs_BxC=logprobs_BxC,
+        )
+
+    def _call_global(self, params, tokens, mask, num_prompts, num_samples, rng, prefill_fn, decode_fn):
+        """Multi-host: this process's prompt rows -> global arrays -> global SampleOutput."""
+        from grpo_jax import sharding
+
+        mesh = self.mesh
+        if num_prompts % sharding.batch_size_multiple(mesh):
+            raise ValueError(f"Sampler: {num_prompts} prompts over all processes must be a multiple of "
+                             f"data*fsdp = {sharding.batch_size_multiple(mesh)} on a multi-host mesh")
+        tokens_g, mask_g = sharding.global_batch(mesh, (tokens, mask), num_prompts)
+        # The key as host data: the same value on every process, replicated by jit.
+        rng = np.asarray(rng)
+        _, outs = decode_fn(params, prefill_fn(params, tokens_g, mask_g), rng)
+        # Rows over ("data", "fsdp") whatever layout XLA chose, so process_rows reads this host's rows.
+        mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = sharding.put_sharded(
+            outs, sharding.batch_sharding(mesh))
+        prompt_tokens = sharding.global_batch(mesh, np.repeat(tokens, num_samples, axis=0),
+                                              num_prompts * num_samples)
+        return SampleOutput(
+            prompt_tokens_BxP=prompt_tokens,
             prompt_mask_BxP=mask_BxP,
             tokens_BxC=tokens_BxC,
             mask_BxC=mask_BxC,

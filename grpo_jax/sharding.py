@@ -381,7 +381,7 @@ def global_batch(mesh: Mesh, local_tree, num_rows: int, row_axis: int = 0):
 
 def process_rows(x: jax.Array, row_axis: int = 0) -> np.ndarray:
     """This process's rows of a row-sharded global array, in order (the inverse of global_batch)."""
-    if x.is_fully_addressable:
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
         return np.asarray(x)
     pieces = {}
     for shard in x.addressable_shards:

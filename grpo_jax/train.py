@@ -244,14 +244,15 @@ def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
 def _concat_rollouts(parts: list[rollout_lib.Rollout], pad_id: int) -> dict[str, np.ndarray]:
     """Stacks selected rows of several rollouts into host arrays with one common prompt width."""
     width = max(p.sample.prompt_tokens_BxP.shape[1] for p in parts)
+    rows = sharding.process_rows  # this process's rows; the plain arrays on one process
     out = {
             "prompt_tokens": np.concatenate(
-                    [_pad_left(np.asarray(p.sample.prompt_tokens_BxP), width, pad_id) for p in parts]),
+                    [_pad_left(rows(p.sample.prompt_tokens_BxP), width, pad_id) for p in parts]),
             "prompt_mask": np.concatenate(
-                    [_pad_left(np.asarray(p.sample.prompt_mask_BxP), width, 0) for p in parts]),
-            "tokens": np.concatenate([np.asarray(p.sample.tokens_BxC) for p in parts]),
-            "mask": np.concatenate([np.asarray(p.sample.mask_BxC) for p in parts]),
-            "logprobs": np.concatenate([np.asarray(p.sample.logprobs_BxC) for p in parts]),
+                    [_pad_left(rows(p.sample.prompt_mask_BxP), width, 0) for p in parts]),
+            "tokens": np.concatenate([rows(p.sample.tokens_BxC) for p in parts]),
+            "mask": np.concatenate([rows(p.sample.mask_BxC) for p in parts]),
+            "logprobs": np.concatenate([rows(p.sample.logprobs_BxC) for p in parts]),
     }
     return out
 
@@ -295,8 +296,10 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
     t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
     run_dir = os.path.abspath(t_cfg.run_dir)
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(config_lib.to_dict(config), f, indent=2)
+    primary = jax.process_index() == 0  # multi-host: one writer of the run directory's files
+    if primary:
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(config_lib.to_dict(config), f, indent=2)
 
     tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
     task = task or make_task(config.task.name, **config.task.options)
@@ -308,11 +311,16 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
             f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
             f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
             f"{sharding.batch_size_multiple(mesh)} devices")
+    # Multi-host: each process samples and scores its host slice of the step's prompts; per-row
+    # results are gathered to every host, so advantages and metrics are the single-host ones.
+    multi = jax.process_count() > 1
+    if multi:
+        _check_multihost(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     # Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would
     # double the update's sequence length; a few buckets keep recompiles to the first steps.
     sampler = Sampler(graphdef, model_config, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                      prompt_buckets=tuple(8 << i for i in range(12)))
+                      prompt_buckets=tuple(8 << i for i in range(12)), mesh=mesh)
     rollout_sampling = SamplingConfig(max_new_tokens=s_cfg.max_new_tokens, temperature=s_cfg.temperature,
                                                                         top_k=s_cfg.top_k, top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
     G, B = g_cfg.num_generations, g_cfg.prompts_per_step
@@ -334,8 +342,9 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
             params, sft_stats = sft_lib.warm_up(graphdef, params, sampler, tokenizer, task, config.sft,
                                                                                     max_new_tokens=s_cfg.max_new_tokens,
                                                                                     seed=t_cfg.seed, log_fn=log.info)
-            with open(os.path.join(run_dir, "sft.json"), "w") as f:
-                json.dump(sft_stats, f, indent=2)
+            if primary:
+                with open(os.path.join(run_dir, "sft.json"), "w") as f:
+                    json.dump(sft_stats, f, indent=2)
         opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
         ref_params = _frozen_copy(params, ref_dtype) if use_ref else None
     else:
@@ -399,6 +408,8 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 rollouts, reward_time = [], 0.0
                 for round_i in range(1 + (g_cfg.max_resample_rounds if g_cfg.dynamic_sampling else 0)):
                     examples = [task.train_example(data_position + i) for i in range(B)]
+                    if multi:
+                        examples = examples[sharding.host_slice(B, mesh)]
                     data_position += B
                     ro = rollout_lib.generate_and_score(
                             sampler, params, tokenizer, task, examples, num_samples=G, sampling=rollout_sampling,
@@ -421,6 +432,12 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                                   for name in rollouts[0].reward_parts}
                 lengths = np.concatenate([ro.lengths[s] for (ro, _), s in zip(groups, rows)])
                 truncated = np.concatenate([ro.truncated[s] for (ro, _), s in zip(groups, rows)])
+                if multi:
+                    # Host slices hold whole groups (prompts), in process order: gathering them gives
+                    # the single-host rows, so advantages and metrics match it.
+                    host = {k: sharding.allgather_rows(v) for k, v in host.items()}
+                    rewards, lengths, truncated = (sharding.allgather_rows(x) for x in (rewards, lengths, truncated))
+                    parts = {name: sharding.allgather_rows(v) for name, v in parts.items()}
 
                 # 4: advantages, optionally zero for truncated answers (they are also masked out below).
                 advantages = np.asarray(adv_lib.group_advantages(
@@ -435,12 +452,19 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 attention = jnp.asarray(np.concatenate([host["prompt_mask"], host["mask"]], axis=1).astype(np.int32))
                 C = host["tokens"].shape[1]
                 sampler_logp = jnp.asarray(host["logprobs"])
+                if multi:
+                    tokens, attention = _global_rows(mesh, (np.asarray(tokens), np.asarray(attention)))
+                    sampler_logp = host["logprobs"]
                 ref_logp = logprob_fn(ref_params, tokens, attention, C) if g_cfg.beta > 0 else None
                 old_logp = logprob_fn(params, tokens, attention, C) if g_cfg.old_logprobs == "recompute" else sampler_logp
                 # Wait for them so time/logprobs is their compute, not just the dispatch (the
                 # update needs them next anyway, so this costs no overlap).
                 jax.block_until_ready((ref_logp, old_logp))
                 t_logprobs = time.perf_counter() - t0
+                if multi:
+                    # Every row on every host, so minibatches are cut exactly as on one host.
+                    tokens, attention, ref_logp, old_logp = (
+                        None if x is None else _all_rows(x) for x in (tokens, attention, ref_logp, old_logp))
 
                 # 6: mu passes over the batch in minibatches of A micro-batches each.
                 t0 = time.perf_counter()
@@ -458,7 +482,12 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                         idx = order[mb * A * M:(mb + 1) * A * M]
                         batch = UpdateBatch(**{k: (None if v is None else v[idx].reshape((A, M) + v.shape[1:]))
                                                for k, v in full.items()})
-                        batch = jax.device_put(batch, sharding.batch_sharding(mesh, row_axis=1))
+                        if multi:
+                            local = sharding.host_slice(M, mesh)
+                            batch = sharding.global_batch(
+                                mesh, jax.tree.map(lambda x: np.asarray(x)[:, local], batch), M, row_axis=1)
+                        else:
+                            batch = jax.device_put(batch, sharding.batch_sharding(mesh, row_axis=1))
                         params, opt_state, m = update_fn(params, opt_state, batch)
                         step_metrics.append(m)
                 metrics = {k: float(v) for k, v in step_metrics[0].items()}  # first update: on-policy figures
@@ -528,8 +557,49 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
     if step == t_cfg.steps and t_cfg.export_hf:
         from grpo_jax import hf
-        hf.save_model(nnx.merge(graphdef, params), os.path.join(run_dir, "hf"))
+        export = params
+        if multi:  # every process joins the gather of the whole weights; process 0 writes them
+            export = jax.tree.map(jnp.asarray, _all_rows_tree(params))
+        if primary:
+            hf.save_model(nnx.merge(graphdef, export), os.path.join(run_dir, "hf"))
     return RunResult(run_dir=run_dir, step=step, history=history, evals=evals, params=params)
+
+
+def _check_multihost(config: config_lib.Config, mesh) -> None:
+    """Settings a multi-process run does not support (yet), as ConfigErrors."""
+    g = config.grpo
+    n_proc, multiple = jax.process_count(), sharding.batch_size_multiple(mesh)
+    if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
+            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)")
+    if g.dynamic_sampling:
+        raise config_lib.ConfigError("grpo.dynamic_sampling is not supported on several processes yet")
+    if config.sft.steps > 0:
+        raise config_lib.ConfigError("sft.steps > 0 (SFT warm-up) is not supported on several processes yet")
+
+
+def _global_rows(mesh, arrays):
+    """Full host arrays (every row, the same on every process) -> global arrays, rows sharded."""
+    n = arrays[0].shape[0]
+    local = sharding.host_slice(n, mesh)
+    return tuple(sharding.global_batch(mesh, x[local], n) for x in arrays)
+
+
+def _all_rows(x) -> np.ndarray:
+    """Every row of a (possibly global) array, on this host."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _all_rows_tree(tree):
+    """Every leaf of a tree of global arrays, whole, on this host (all processes must call it)."""
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 def ckpt_dir_of(run_dir: str) -> str:

@@ -1,0 +1,91 @@
+"""One process of a multi-process `train.run` on the CPU backend (run by tests/test_multihost_train.py).
+
+    python tests/multihost_train_check.py OUT.json --process-id 0 --num-processes 2 --port 12345
+    python tests/multihost_train_check.py OUT.json   # one process (the reference)
+
+Trains the tiny SevensTask config of tests/test_train.py for 2 steps on a data-parallel mesh and
+writes the metrics rows of every step to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+from grpo_jax import sharding  # noqa: E402
+
+
+def _lenient_task():
+    from test_train import SevensTask
+
+    class LenientSevens(SevensTask):
+        """Eval: correct when the answer starts with a low digit, so an untrained model scores
+        neither 0 nor 1 and pass@k / maj@k compare meaningfully (the final answer: the first char)."""
+
+        def eval_examples(self):
+            return [self.train_example(100_000 + i) for i in range(8)]
+
+        def eval_correct(self, completion, example):
+            return completion[:1] in ("0", "1", "2", "3", "4")
+
+        def extract_answer(self, completion):
+            return completion[:1] or None
+
+    return LenientSevens()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--process-id", type=int, default=None)
+    parser.add_argument("--num-processes", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--stop-after", type=int, default=0, help="train.stop_after_steps")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--eval", action="store_true", help="held-out eval at steps 0 and the last")
+    args = parser.parse_args(argv)
+    if args.num_processes > 1:
+        sharding.initialize_distributed(f"localhost:{args.port}", args.num_processes, args.process_id)
+
+    import dataclasses
+
+    from grpo_jax import train  # after initialize: nothing may touch a device before it
+    from grpo_jax.config import EvalSection, MeshSection
+    from test_train import SevensTask, tiny_config
+
+    cfg = tiny_config(args.run_dir)
+    train_cfg = dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0, export_hf=True,
+                                    stop_after_steps=args.stop_after)
+    cfg = dataclasses.replace(cfg, train=train_cfg,
+                              mesh=MeshSection(data=-1),
+                              # Adam eps 1e-4 (not 1e-8): near-zero gradients' float32 noise (the two
+                              # runs sum in different orders) is not blown up to whole update steps.
+                              optim=dataclasses.replace(cfg.optim, eps=1e-4))
+    task = SevensTask()
+    if args.eval:
+        cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))
+        task = _lenient_task()
+    result = train.run(cfg, task=task, resume=args.resume)
+    out = {"process_index": jax.process_index(), "process_count": jax.process_count(),
+           "device_count": jax.device_count(), "step": result.step,
+           "history": [{k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_second"}
+                       for row in result.history]}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    if args.num_processes > 1:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""`train.run` on two processes joined by jax.distributed (CPU, 1 device each) equals one process.
+
+tests/multihost_train_check.py trains the tiny SevensTask config of tests/test_train.py for 2 steps.
+Two processes (each sampling and scoring its half of the prompts, on a data=2 mesh across them)
+must report the same metrics rows as each other and as one process with 2 fake devices (data=2),
+held-out evaluation (at steps 0 and 2) included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+FAST_COMPILE = "--xla_backend_optimization_level=0"  # as tests/test_sharding.py
+KEYS = ("loss", "reward", "kl", "grad_norm", "entropy", "reward_std", "completions/mean_length",
+        "frac_reward_zero_std", "advantages/std")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env(devices: int) -> dict:
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+                    [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}")
+
+
+def _run_pair(tmp_path, tag: str, run_dir, *extra: str) -> tuple[dict, dict]:
+    script = str(TESTS / "multihost_train_check.py")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / f"{tag}{i}.json"), "--run-dir", str(run_dir),
+                               "--process-id", str(i), "--num-processes", "2", "--port", str(port), *extra],
+                              env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-4000:] for log in logs)
+    return tuple(json.loads((tmp_path / f"{tag}{i}.json").read_text()) for i in range(2))
+
+
+@pytest.mark.slow
+def test_two_process_stop_and_resume_matches_one_process(tmp_path):
+    """Orbax checkpoints written and restored by both processes: stop after step 1, resume to 2."""
+    script = str(TESTS / "multihost_train_check.py")
+    single = subprocess.run([sys.executable, script, str(tmp_path / "single.json"), "--run-dir",
+                             str(tmp_path / "single")], env=_env(2), cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-4000:]
+    ref = json.loads((tmp_path / "single.json").read_text())
+    first = _run_pair(tmp_path, "a", tmp_path / "multi", "--stop-after", "1")
+    assert [r["step"] for r in first] == [1, 1]
+    assert (tmp_path / "multi" / "checkpoints" / "1").is_dir()
+    r0, r1 = _run_pair(tmp_path, "b", tmp_path / "multi", "--resume")
+    assert r0["history"] == r1["history"]
+    assert [row["step"] for row in r0["history"]] == [2]
+    got, want = r0["history"][0], ref["history"][1]
+    assert got["data_position"] == want["data_position"] and got["reward"] == want["reward"]
+    for k in KEYS:
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), k
+
+
+def test_two_process_train_run_matches_one_process(tmp_path):
+    script = str(TESTS / "multihost_train_check.py")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / f"p{i}.json"), "--run-dir", str(tmp_path / "multi"),
+                               "--process-id", str(i), "--num-processes", "2", "--port", str(port), "--eval"],
+                              env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = []
+    try:
+        # The single-process reference runs while the pair runs (2 cores: they mostly overlap waits).
+        single = subprocess.run([sys.executable, script, str(tmp_path / "single.json"), "--run-dir",
+                                 str(tmp_path / "single"), "--eval"], env=_env(2), cwd=REPO, capture_output=True,
+                                text=True, timeout=300)
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert single.returncode == 0, single.stderr[-4000:]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-4000:] for log in logs)
+    ref, r0, r1 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("single", "p0", "p1"))
+
+    assert (ref["process_count"], ref["device_count"]) == (1, 2)
+    assert (r0["process_count"], r0["device_count"], r0["process_index"], r1["process_index"]) == (2, 2, 0, 1)
+    assert r0["step"] == r1["step"] == ref["step"] == 2
+    # Both processes compute identical metrics (gathered rows, replicated update outputs).
+    assert r0["history"] == r1["history"]
+    assert [row["step"] for row in r0["history"]] == [0, 1, 2]
+    # Held-out eval (each process answers its half of the questions, results gathered): the same
+    # pass@k / maj@k / greedy accuracy as one process, at step 0 and after the last step.
+    evals = [(got, want) for got, want in zip(r0["history"], ref["history"]) if got["step"] in (0, 2)]
+    for got, want in evals:
+        names = [k for k in want if k.startswith("eval/") and k != "eval/time"]
+        assert {"eval/pass@1", "eval/pass@2", "eval/maj@2", "eval/greedy_accuracy"} <= set(names)
+        assert {k: got[k] for k in names} == {k: want[k] for k in names}
+    for got, want in zip(r0["history"][1:], ref["history"][1:]):
+        assert got.keys() == want.keys()
+        # Same prompts, samples and rewards (the sampler's Gumbel noise does not depend on layout) ...
+        assert got["data_position"] == want["data_position"]
+        assert got["completions/mean_length"] == want["completions/mean_length"]
+        assert got["reward"] == want["reward"]
+        # ... and the same update up to float32 summation order.
+        for k in KEYS:
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7), (got["step"], k)
+    # Process 0 alone writes the run directory's files; the checkpoint of the last step is there.
+    assert len((tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()) == 3
+    assert (tmp_path / "multi" / "checkpoints" / "2").is_dir()
+    # export_hf: the weights gathered from both processes, written once, equal to one process's.
+    from safetensors.numpy import load_file
+
+    got, want = (load_file(str(tmp_path / n / "hf" / "model.safetensors")) for n in ("multi", "single"))
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_multihost_settings_it_cannot_run_are_config_errors(monkeypatch, tmp_path):
+    import dataclasses
+
+    from grpo_jax import sharding, train
+    from grpo_jax.config import ConfigError, SFTSection
+    from test_train import tiny_config
+
+    monkeypatch.setattr(train.jax, "process_count", lambda: 2)
+    cfg = tiny_config(tmp_path)
+    mesh = sharding.make_mesh()
+    train._check_multihost(cfg, mesh)  # 4 prompts over 2 processes: fine
+    with pytest.raises(ConfigError, match="prompts_per_step=3 must split evenly over 2 processes"):
+        train._check_multihost(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prompts_per_step=3)), mesh)
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        train._check_multihost(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True)), mesh)
+    with pytest.raises(ConfigError, match="sft.steps"):
+        train._check_multihost(dataclasses.replace(cfg, sft=dataclasses.replace(SFTSection(), steps=1)), mesh)
