@@ -176,9 +176,6 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> flo
     return 2 * n ** 3 / statistics.median(times)
 
 
-TIME_KEYS = ("time/step", "time/rollout", "time/logprobs", "time/update")
-
-
 def summarize_steps(history: list[dict], first: int = 3, last: int = 12) -> dict:
     """Median of each time/* metric over steps first..last (1-based, inclusive), plus their count."""
     rows = [r for r in history if first <= r.get("step", 0) <= last]

@@ -7,6 +7,7 @@ calling the reward functions and the task's checker. The device work is `Sampler
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Sequence
 
 import jax
@@ -32,6 +33,7 @@ class Rollout:
     reward_parts: dict[str, np.ndarray]  # name -> [B*G] float32, NaN for None
     lengths: np.ndarray  # [B*G] completion tokens (EOS included)
     truncated: np.ndarray  # [B*G] bool
+    reward_seconds: float = 0.0  # host time spent in the reward functions
 
 
 def generate_and_score(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict], *,
@@ -51,10 +53,12 @@ def generate_and_score(sampler: Sampler, params, tokenizer, task, examples: Sequ
     field_names = sorted({k for ex in examples for k in ex if k != "prompt"})
     fields: dict[str, Any] = {k: [ex.get(k) for ex in rep_examples] for k in field_names}
     fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step)
+    t0 = time.perf_counter()
     rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool)
+    reward_seconds = time.perf_counter() - t0
     return Rollout(sample=sample, examples=rep_examples, prompts=prompts, completions=completions,
                                   rewards=np.asarray(rewards, np.float32), reward_parts=parts, lengths=lengths,
-                                  truncated=truncated)
+                                  truncated=truncated, reward_seconds=reward_seconds)
 
 
 def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict], *, num_samples: int,

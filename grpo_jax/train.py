@@ -405,7 +405,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
                 # 1-3: sample prompts, G answers each, rewards; DAPO dynamic sampling tops the batch up.
                 t0 = time.perf_counter()
-                rollouts, reward_time = [], 0.0
+                rollouts = []
                 for round_i in range(1 + (g_cfg.max_resample_rounds if g_cfg.dynamic_sampling else 0)):
                     examples = [task.train_example(data_position + i) for i in range(B)]
                     if multi:
@@ -419,6 +419,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                     if not g_cfg.dynamic_sampling or informative >= B:
                         break
                 t_rollout = time.perf_counter() - t0
+                reward_seconds = sum(ro.reward_seconds for ro in rollouts)
                 groups = [(rollouts[r], g) for r, g in chosen]
                 rows = [slice(g * G, (g + 1) * G) for _, g in groups]
                 # Stack every round's rollout, then pick each chosen group's rows out of that stack.
@@ -511,7 +512,9 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                         "advantages/mean": float(advantages.mean()), "advantages/std": float(advantages.std()),
                         "advantages/max": float(advantages.max()), "advantages/min": float(advantages.min()),
                         "learning_rate": float(schedule(max(0, (step - 1) * updates_per_step))),
-                        "time/rollout": t_rollout, "time/logprobs": t_logprobs, "time/update": t_update,
+                        # TRL splits generation from scoring: time/rollout is sampling + decoding text.
+                        "time/rollout": t_rollout - reward_seconds, "time/reward": reward_seconds,
+                        "time/logprobs": t_logprobs, "time/update": t_update,
                         "data_position": data_position,
                 })
                 if g_cfg.dynamic_sampling:

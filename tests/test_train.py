@@ -81,7 +81,8 @@ def test_learnable_reward_rises(tmp_path):
     assert np.mean(rewards[:5]) < 0.3, rewards[:5]
     assert np.mean(rewards[-5:]) > 0.6, rewards[-5:]
     for key in ("kl", "entropy", "clip_ratio/region_mean", "frac_reward_zero_std", "grad_norm",
-                "completions/mean_length", "rewards/sevens/mean", "time/rollout", "tokens_per_second"):
+                "completions/mean_length", "rewards/sevens/mean", "time/rollout", "time/reward",
+                "time/logprobs", "time/update", "tokens_per_second"):
         assert key in result.history[-1], key
     # Shapes are fixed after the first steps, so nothing compiles again (the trainer logs it if it does).
     assert not [row["step"] for row in result.history if "recompiles" in row]
