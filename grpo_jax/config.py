@@ -23,6 +23,7 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     """The policy. Either `hf_path` (a Hugging Face checkpoint directory) or the shape fields below."""
+
     hf_path: str | None = None
     tokenizer: str = "char:0123456789+="  # see grpo_jax.tokenizer.load_tokenizer for accepted specs
     vocab_size: int = 0  # 0: taken from the tokenizer
@@ -45,6 +46,7 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
     """The data: a built-in generator or a JSONL file (`grpo_jax.tasks.make_task(name, **options)`)."""
+
     name: str = "arithmetic"
     options: dict = dataclasses.field(default_factory=dict)
 
@@ -61,6 +63,7 @@ class SamplingSection:
 @dataclasses.dataclass(frozen=True)
 class GRPOSection:
     """GRPO proper. Names follow TRL's GRPOConfig where one exists."""
+
     prompts_per_step: int = 16
     num_generations: int = 8  # G, answers per prompt
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -97,6 +100,7 @@ class OptimSection:
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
     """Supervised warm-up on (prompt, answer) pairs; `steps=0` skips it."""
+
     steps: int = 0
     batch_size: int = 128
     learning_rate: float = 1e-3
@@ -137,6 +141,7 @@ class MeshSection:
 
     -1 takes the devices left over. The default puts every local device on `data`.
     """
+
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
@@ -160,6 +165,7 @@ class Config:
 
 # ----------------------------------------------------------------------------------------------
 # Validation: types from the annotations, then the few cross-field rules.
+
 
 def _check_type(key: str, value: Any, hint: Any) -> None:
     origin = typing.get_origin(hint)
@@ -213,27 +219,52 @@ def validate(config: Config) -> None:
         hints = typing.get_type_hints(type(sec))
         for f in dataclasses.fields(sec):
             _check_type(f"{section.name}.{f.name}", getattr(sec, f.name), hints[f.name])
-    g, o, t, s, e, sft, m = (config.grpo, config.optim, config.train, config.sampling, config.eval,
-                                                      config.sft, config.model)
-    for key, value in [("grpo.prompts_per_step", g.prompts_per_step), ("grpo.num_iterations", g.num_iterations),
-                                          ("grpo.num_minibatches", g.num_minibatches), ("grpo.grad_accum_steps", g.grad_accum_steps),
-                                          ("sampling.max_new_tokens", s.max_new_tokens), ("train.steps", t.steps),
-                                          ("eval.num_samples", e.num_samples),
-                                          ("optim.learning_rate", o.learning_rate), ("sft.batch_size", sft.batch_size),
-                                          ("train.keep_checkpoints", t.keep_checkpoints), ("train.log_every", t.log_every)]:
+    g, o, t, s, e, sft, m = (
+        config.grpo,
+        config.optim,
+        config.train,
+        config.sampling,
+        config.eval,
+        config.sft,
+        config.model,
+    )
+    for key, value in [
+        ("grpo.prompts_per_step", g.prompts_per_step),
+        ("grpo.num_iterations", g.num_iterations),
+        ("grpo.num_minibatches", g.num_minibatches),
+        ("grpo.grad_accum_steps", g.grad_accum_steps),
+        ("sampling.max_new_tokens", s.max_new_tokens),
+        ("train.steps", t.steps),
+        ("eval.num_samples", e.num_samples),
+        ("optim.learning_rate", o.learning_rate),
+        ("sft.batch_size", sft.batch_size),
+        ("train.keep_checkpoints", t.keep_checkpoints),
+        ("train.log_every", t.log_every),
+    ]:
         _positive(key, value)
-    for key, value in [("grpo.beta", g.beta), ("grpo.eps_low", g.eps_low), ("sft.steps", sft.steps),
-                                          ("optim.warmup_steps", o.warmup_steps), ("optim.weight_decay", o.weight_decay),
-                                          ("optim.max_grad_norm", o.max_grad_norm), ("eval.every", e.every),
-                                         ("eval.num_questions", e.num_questions),
-                                          ("train.checkpoint_every", t.checkpoint_every), ("train.samples_every", t.samples_every),
-                                          ("sampling.top_k", s.top_k), ("train.stop_after_steps", t.stop_after_steps),
-                                          ("grpo.ref_resync_every", g.ref_resync_every), ("train.verifier_workers", t.verifier_workers),
-                                          ("grpo.max_resample_rounds", g.max_resample_rounds)]:
+    for key, value in [
+        ("grpo.beta", g.beta),
+        ("grpo.eps_low", g.eps_low),
+        ("sft.steps", sft.steps),
+        ("optim.warmup_steps", o.warmup_steps),
+        ("optim.weight_decay", o.weight_decay),
+        ("optim.max_grad_norm", o.max_grad_norm),
+        ("eval.every", e.every),
+        ("eval.num_questions", e.num_questions),
+        ("train.checkpoint_every", t.checkpoint_every),
+        ("train.samples_every", t.samples_every),
+        ("sampling.top_k", s.top_k),
+        ("train.stop_after_steps", t.stop_after_steps),
+        ("grpo.ref_resync_every", g.ref_resync_every),
+        ("train.verifier_workers", t.verifier_workers),
+        ("grpo.max_resample_rounds", g.max_resample_rounds),
+    ]:
         _positive(key, value, allow_zero=True)
     if g.num_generations < 2:
-        raise ConfigError(f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
-                                            "has no baseline, so every advantage would be 0")
+        raise ConfigError(
+            f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
+            "has no baseline, so every advantage would be 0"
+        )
     if g.eps_high is not None and g.eps_high < 0:
         raise ConfigError(f"grpo.eps_high={g.eps_high} must be >= 0 or None")
     if s.temperature <= 0:
@@ -246,11 +277,14 @@ def validate(config: Config) -> None:
     per_update = g.num_minibatches * g.grad_accum_steps
     if batch % per_update:
         raise ConfigError(
-                f"grpo.num_minibatches * grpo.grad_accum_steps = {per_update} must divide the batch of "
-                f"grpo.prompts_per_step * grpo.num_generations = {batch} completions")
+            f"grpo.num_minibatches * grpo.grad_accum_steps = {per_update} must divide the batch of "
+            f"grpo.prompts_per_step * grpo.num_generations = {batch} completions"
+        )
     for k in e.ks:
         if not 1 <= k <= e.num_samples:
-            raise ConfigError(f"eval.ks contains {k}; each k must be in [1, eval.num_samples={e.num_samples}]")
+            raise ConfigError(
+                f"eval.ks contains {k}; each k must be in [1, eval.num_samples={e.num_samples}]"
+            )
     if not 0 <= sft.target_accuracy <= 1:
         raise ConfigError(f"sft.target_accuracy={sft.target_accuracy} must be in [0, 1]")
     for key in ("data", "fsdp", "tensor"):
@@ -258,15 +292,24 @@ def validate(config: Config) -> None:
         if value == 0 or value < -1:
             raise ConfigError(f"mesh.{key}={value} must be a positive device count or -1 (the rest)")
     if m.hf_path is None:
-        for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+        for key in (
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             _positive(f"model.{key}", getattr(m, key))
         if m.num_heads % m.num_kv_heads:
-            raise ConfigError(f"model.num_heads={m.num_heads} must be a multiple of "
-                                                f"model.num_kv_heads={m.num_kv_heads}")
+            raise ConfigError(
+                f"model.num_heads={m.num_heads} must be a multiple of " f"model.num_kv_heads={m.num_kv_heads}"
+            )
 
 
 # ----------------------------------------------------------------------------------------------
 # Overrides and files.
+
 
 def _parse_value(key: str, text: str, hint: Any) -> Any:
     """Parses `text` by the field's type; JSON syntax for dicts and tuples."""
@@ -310,8 +353,10 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
             return value
     except (ValueError, json.JSONDecodeError):
         pass
-    raise ConfigError(f"--set {key}={text!r}: expected a value of type "
-                                        f"{getattr(hint, '__name__', hint)}" + (" as JSON" if hint is dict or origin is tuple else ""))
+    raise ConfigError(
+        f"--set {key}={text!r}: expected a value of type "
+        f"{getattr(hint, '__name__', hint)}" + (" as JSON" if hint is dict or origin is tuple else "")
+    )
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
@@ -337,8 +382,10 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
                 raise ConfigError(f"--set {key}: expected section.field (or task.options.name)")
             hints = typing.get_type_hints(type(section))
             if parts[1] not in hints:
-                raise ConfigError(f"--set {key}: unknown field {parts[1]!r} in section {parts[0]!r}; "
-                                                    f"fields are {sorted(hints)}")
+                raise ConfigError(
+                    f"--set {key}: unknown field {parts[1]!r} in section {parts[0]!r}; "
+                    f"fields are {sorted(hints)}"
+                )
             new_section = dataclasses.replace(section, **{parts[1]: _parse_value(key, text, hints[parts[1]])})
         config = dataclasses.replace(config, **{parts[0]: new_section})
     return config
@@ -356,7 +403,9 @@ def load_config_file(path: str | os.PathLike) -> Config:
         raise ConfigError(f"config file {path!r} has no get_config() function")
     config = module.get_config()
     if not isinstance(config, Config):
-        raise ConfigError(f"{path}: get_config() returned {type(config).__name__}, expected grpo_jax.config.Config")
+        raise ConfigError(
+            f"{path}: get_config() returned {type(config).__name__}, expected grpo_jax.config.Config"
+        )
     return config
 
 

@@ -32,6 +32,7 @@ def run_and_report(config: config_lib.Config, *, resume: bool = False) -> train.
             sft = json.load(f)
         print(f"SFT warm-up: {sft['steps']} steps in {sft['seconds']:.1f} s")
     from grpo_jax import plot
+
     written = plot.plot_run(result.run_dir)
     print(f"plots: {os.path.join(result.run_dir, 'plots')} ({len(written)} files)")
     return result

@@ -25,6 +25,7 @@ class Rollout:
 
     Arrays are host numpy, except `sample` (device arrays, for the update step).
     """
+
     sample: SampleOutput
     examples: list[dict]  # [B*G], each prompt's example repeated G times
     prompts: list[str]  # [B*G]
@@ -36,9 +37,19 @@ class Rollout:
     reward_seconds: float = 0.0  # host time spent in the reward functions
 
 
-def generate_and_score(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict], *,
-                                              num_samples: int, sampling: SamplingConfig, rng: jax.Array, step: int,
-                                              pool=None) -> Rollout:
+def generate_and_score(
+    sampler: Sampler,
+    params,
+    tokenizer,
+    task,
+    examples: Sequence[dict],
+    *,
+    num_samples: int,
+    sampling: SamplingConfig,
+    rng: jax.Array,
+    step: int,
+    pool=None,
+) -> Rollout:
     """Samples `num_samples` answers per example and scores them with the task's reward functions."""
     prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in examples]
     sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
@@ -56,14 +67,34 @@ def generate_and_score(sampler: Sampler, params, tokenizer, task, examples: Sequ
     t0 = time.perf_counter()
     rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool)
     reward_seconds = time.perf_counter() - t0
-    return Rollout(sample=sample, examples=rep_examples, prompts=prompts, completions=completions,
-                                  rewards=np.asarray(rewards, np.float32), reward_parts=parts, lengths=lengths,
-                                  truncated=truncated, reward_seconds=reward_seconds)
+    return Rollout(
+        sample=sample,
+        examples=rep_examples,
+        prompts=prompts,
+        completions=completions,
+        rewards=np.asarray(rewards, np.float32),
+        reward_parts=parts,
+        lengths=lengths,
+        truncated=truncated,
+        reward_seconds=reward_seconds,
+    )
 
 
-def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict], *, num_samples: int,
-                          ks: Sequence[int], temperature: float, max_new_tokens: int, greedy: bool, rng: jax.Array,
-                          batch_prompts: int = 64) -> dict[str, float]:
+def evaluate(
+    sampler: Sampler,
+    params,
+    tokenizer,
+    task,
+    examples: Sequence[dict],
+    *,
+    num_samples: int,
+    ks: Sequence[int],
+    temperature: float,
+    max_new_tokens: int,
+    greedy: bool,
+    rng: jax.Array,
+    batch_prompts: int = 64,
+) -> dict[str, float]:
     """Held-out pass@1, pass@k, maj@k (n=`num_samples` per question) and greedy accuracy.
 
     Correctness is the task's own checker (`task.eval_correct`), which may be stricter than the
@@ -84,7 +115,7 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
         owned = np.zeros(len(examples), bool)  # questions this process answered (all on one host)
         answers: list[list[str | None]] = [[] for _ in examples]
         for start in range(0, len(examples), batch_prompts):
-            chunk = list(examples[start:start + batch_prompts])
+            chunk = list(examples[start : start + batch_prompts])
             real = len(chunk)
             chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
             prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in chunk[local]]
@@ -98,7 +129,7 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
                 q += local.start
                 owned[start + q] = True
                 row = (q - local.start) * n + j
-                text = tokenizer.decode(tokens[row, :lengths[row]])
+                text = tokenizer.decode(tokens[row, : lengths[row]])
                 ex = chunk[q]
                 # A truncated answer never finished, so it has no final answer (seed Part 2, defence 3).
                 ok = (not truncated[row]) and bool(task.eval_correct(text, ex))
@@ -108,15 +139,23 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
         for k in ks:
             if k > 1 and mode != "greedy":
                 # A voted answer is as correct as the first sample that gave it (same final answer).
-                majs[k] = [evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
-                           if owned[q] else 0.0 for q in range(len(examples))]
+                majs[k] = [
+                    (
+                        evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
+                        if owned[q]
+                        else 0.0
+                    )
+                    for q in range(len(examples))
+                ]
         if multi:
             # Each question was answered on exactly one process: the others hold False / 0 there.
             from jax.experimental import multihost_utils
 
             correct = np.asarray(multihost_utils.process_allgather(correct)).any(axis=0)
-            majs = {k: np.asarray(multihost_utils.process_allgather(np.asarray(v, np.float64))).sum(axis=0)
-                    for k, v in majs.items()}
+            majs = {
+                k: np.asarray(multihost_utils.process_allgather(np.asarray(v, np.float64))).sum(axis=0)
+                for k, v in majs.items()
+            }
         if mode == "greedy":
             results["eval/greedy_accuracy"] = float(correct[:, 0].mean())
             continue
@@ -124,7 +163,8 @@ def evaluate(sampler: Sampler, params, tokenizer, task, examples: Sequence[dict]
         results["eval/pass@1"] = float(np.mean(counts / n))
         for k in ks:
             if k > 1:
-                results[f"eval/pass@{k}"] = float(np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts]))
+                results[f"eval/pass@{k}"] = float(
+                    np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts])
+                )
                 results[f"eval/maj@{k}"] = float(np.mean(majs[k]))
     return results
-

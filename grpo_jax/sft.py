@@ -35,19 +35,21 @@ def sft_batch(tokenizer, examples, *, max_answer_tokens: int) -> tuple[np.ndarra
     answers = [tokenizer.encode(ex["answer"]) + [tokenizer.eos_id] for ex in examples]
     too_long = [ex["answer"] for ex, a in zip(examples, answers) if len(a) > max_answer_tokens]
     if too_long:
-        raise ValueError(f"SFT answer {too_long[0]!r} needs more than sampling.max_new_tokens="
-                                          f"{max_answer_tokens} tokens (EOS included); raise sampling.max_new_tokens")
+        raise ValueError(
+            f"SFT answer {too_long[0]!r} needs more than sampling.max_new_tokens="
+            f"{max_answer_tokens} tokens (EOS included); raise sampling.max_new_tokens"
+        )
     P = -(-max(len(p) for p in prompts) // 16) * 16  # bucketed, so prompt lengths don't recompile
     B, C = len(examples), max_answer_tokens
     tokens = np.full((B, P + C), tokenizer.pad_id, np.int32)
     attention = np.zeros((B, P + C), np.int32)
     answer_mask = np.zeros((B, C), np.int32)
     for i, (p, a) in enumerate(zip(prompts, answers)):
-        tokens[i, P - len(p):P] = p
-        attention[i, P - len(p):P] = 1
-        tokens[i, P:P + len(a)] = a
-        attention[i, P:P + len(a)] = 1
-        answer_mask[i, :len(a)] = 1
+        tokens[i, P - len(p) : P] = p
+        attention[i, P - len(p) : P] = 1
+        tokens[i, P : P + len(a)] = a
+        attention[i, P : P + len(a)] = 1
+        answer_mask[i, : len(a)] = 1
     return tokens, attention, answer_mask
 
 
@@ -70,18 +72,34 @@ def make_sft_step(graphdef, tx):
 
 def greedy_accuracy(sampler: Sampler, params, tokenizer, task, examples, *, max_new_tokens: int) -> float:
     """Fraction of `examples` whose greedy answer passes the task's checker."""
-    out = sampler(params, [tokenizer.encode(ex["prompt"]) for ex in examples], num_samples=1,
-                                sampling=SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
-                                rng=jax.random.PRNGKey(0))
+    out = sampler(
+        params,
+        [tokenizer.encode(ex["prompt"]) for ex in examples],
+        num_samples=1,
+        sampling=SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
+        rng=jax.random.PRNGKey(0),
+    )
     tokens, lengths = np.asarray(out.tokens_BxC), np.asarray(out.mask_BxC).sum(1)
     truncated = np.asarray(out.truncated_B).astype(bool)
-    hits = [not truncated[i] and task.eval_correct(tokenizer.decode(tokens[i, :lengths[i]]), ex)
-                    for i, ex in enumerate(examples)]
+    hits = [
+        not truncated[i] and task.eval_correct(tokenizer.decode(tokens[i, : lengths[i]]), ex)
+        for i, ex in enumerate(examples)
+    ]
     return float(np.mean(hits))
 
 
-def warm_up(graphdef, params, sampler: Sampler, tokenizer, task, sft: config_lib.SFTSection, *,
-                        max_new_tokens: int, seed: int, log_fn: Callable[[str], None] = print):
+def warm_up(
+    graphdef,
+    params,
+    sampler: Sampler,
+    tokenizer,
+    task,
+    sft: config_lib.SFTSection,
+    *,
+    max_new_tokens: int,
+    seed: int,
+    log_fn: Callable[[str], None] = print,
+):
     """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats)."""
     tx = optax.adamw(sft.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
     opt_state = tx.init(params)

@@ -46,19 +46,27 @@ log = logging.getLogger("grpo_jax")
 # ----------------------------------------------------------------------------------------------
 # Building blocks.
 
+
 def make_optimizer(optim: config_lib.OptimSection, total_updates: int):
     """AdamW with global-norm clipping and a warmup then constant or cosine schedule."""
     if optim.schedule == "cosine":
         schedule = optax.warmup_cosine_decay_schedule(
-                0.0, optim.learning_rate, optim.warmup_steps, max(total_updates, optim.warmup_steps + 1))
+            0.0, optim.learning_rate, optim.warmup_steps, max(total_updates, optim.warmup_steps + 1)
+        )
     elif optim.warmup_steps:
         schedule = optax.join_schedules(
-                [optax.linear_schedule(0.0, optim.learning_rate, optim.warmup_steps),
-                  optax.constant_schedule(optim.learning_rate)], [optim.warmup_steps])
+            [
+                optax.linear_schedule(0.0, optim.learning_rate, optim.warmup_steps),
+                optax.constant_schedule(optim.learning_rate),
+            ],
+            [optim.warmup_steps],
+        )
     else:
         schedule = optax.constant_schedule(optim.learning_rate)
     parts = [optax.clip_by_global_norm(optim.max_grad_norm)] if optim.max_grad_norm > 0 else []
-    parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay))
+    parts.append(
+        optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay)
+    )
     return optax.chain(*parts), schedule
 
 
@@ -71,18 +79,32 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
     m = config.model
     if m.hf_path:
         from grpo_jax import hf  # only needed for real checkpoints
+
         model = hf.load_model(m.hf_path, dtype=m.dtype)
         graphdef, params = nnx.split(model)
         return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
     if vocab < tokenizer.vocab_size:
-        raise config_lib.ConfigError(f"model.vocab_size={vocab} is smaller than the tokenizer's "
-                                     f"{tokenizer.vocab_size} ids ({m.tokenizer})")
+        raise config_lib.ConfigError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's "
+            f"{tokenizer.vocab_size} ids ({m.tokenizer})"
+        )
     model_config = model_lib.ModelConfig(
-        vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-        rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
-        qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, param_dtype=m.param_dtype, dtype=m.dtype)
+        vocab_size=vocab,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps,
+        tie_embeddings=m.tie_embeddings,
+        qkv_bias=m.qkv_bias,
+        qk_norm=m.qk_norm,
+        param_dtype=m.param_dtype,
+        dtype=m.dtype,
+    )
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
 
@@ -95,7 +117,8 @@ def _frozen_copy(tree, dtype):
     """A copy that shares no buffer with `tree`: the policy's buffers are donated to the update."""
     return jax.tree.map(
         lambda x: jnp.array(x, dtype=dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, copy=True),
-        tree)
+        tree,
+    )
 
 
 def _global_norm(tree) -> jax.Array:
@@ -108,6 +131,7 @@ class UpdateBatch:
 
     tokens/attention: prompt then completion, [A, M, P+C]; the others [A, M, C] or [A, M].
     """
+
     tokens: jax.Array
     attention: jax.Array
     completion_mask: jax.Array
@@ -118,7 +142,8 @@ class UpdateBatch:
 
 
 jax.tree_util.register_dataclass(
-        UpdateBatch, data_fields=[f.name for f in dataclasses.fields(UpdateBatch)], meta_fields=[])
+    UpdateBatch, data_fields=[f.name for f in dataclasses.fields(UpdateBatch)], meta_fields=[]
+)
 
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float):
@@ -130,20 +155,37 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
 
     def loss_fn(params, mb: UpdateBatch):
         num_targets = mb.completion_mask.shape[-1]
-        logp, entropy = model_lib.token_logprobs(graphdef, params, mb.tokens, mb.attention,
-                                                                                          num_targets=num_targets, temperature=temperature,
-                                                                                          return_entropy=True)
+        logp, entropy = model_lib.token_logprobs(
+            graphdef,
+            params,
+            mb.tokens,
+            mb.attention,
+            num_targets=num_targets,
+            temperature=temperature,
+            return_entropy=True,
+        )
         loss, metrics = losses.grpo_loss(
-                logp, mb.old_logp, mb.ref_logp if grpo.beta > 0 else None, mb.advantages, mb.completion_mask,
-                eps_low=grpo.eps_low, eps_high=grpo.eps_high, beta=grpo.beta, kl=grpo.kl,
-                aggregation=grpo.aggregation, max_len=num_targets, ratio=grpo.ratio)
+            logp,
+            mb.old_logp,
+            mb.ref_logp if grpo.beta > 0 else None,
+            mb.advantages,
+            mb.completion_mask,
+            eps_low=grpo.eps_low,
+            eps_high=grpo.eps_high,
+            beta=grpo.beta,
+            kl=grpo.kl,
+            aggregation=grpo.aggregation,
+            max_len=num_targets,
+            ratio=grpo.ratio,
+        )
         mask = mb.completion_mask.astype(jnp.float32)
         denom = jnp.maximum(mask.sum(), 1.0)
         metrics = dict(metrics)
         metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
         # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
         metrics["sampling/sampling_logp_difference/mean"] = jax.lax.stop_gradient(
-                (jnp.abs(logp - mb.sampler_logp) * mask).sum() / denom)
+            (jnp.abs(logp - mb.sampler_logp) * mask).sum() / denom
+        )
         return loss, metrics
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -165,8 +207,10 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
-                              for k, v in metrics.items()}
+        metrics = {
+            k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
+            for k, v in metrics.items()
+        }
         metrics["loss"] = loss.mean()
         metrics["grad_norm"] = _global_norm(grads)
         return params, opt_state, metrics
@@ -180,8 +224,9 @@ def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32):
     @functools.partial(jax.jit, static_argnames="num_targets")
     def logprobs(params, tokens, attention, num_targets):
         params = _as_dtype(params, compute_dtype)
-        return model_lib.token_logprobs(graphdef, params, tokens, attention, num_targets=num_targets,
-                                                                      temperature=temperature)
+        return model_lib.token_logprobs(
+            graphdef, params, tokens, attention, num_targets=num_targets, temperature=temperature
+        )
 
     return logprobs
 
@@ -222,8 +267,10 @@ class _StopFlag:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signal = signum
-        log.warning("received %s: finishing this step, saving a checkpoint, then stopping",
-                                signal.Signals(signum).name)
+        log.warning(
+            "received %s: finishing this step, saving a checkpoint, then stopping",
+            signal.Signals(signum).name,
+        )
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -233,6 +280,7 @@ class _StopFlag:
 
 # ----------------------------------------------------------------------------------------------
 # Host-side batch assembly.
+
 
 def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
     if x.shape[1] == width:
@@ -246,13 +294,13 @@ def _concat_rollouts(parts: list[rollout_lib.Rollout], pad_id: int) -> dict[str,
     width = max(p.sample.prompt_tokens_BxP.shape[1] for p in parts)
     rows = sharding.process_rows  # this process's rows; the plain arrays on one process
     out = {
-            "prompt_tokens": np.concatenate(
-                    [_pad_left(rows(p.sample.prompt_tokens_BxP), width, pad_id) for p in parts]),
-            "prompt_mask": np.concatenate(
-                    [_pad_left(rows(p.sample.prompt_mask_BxP), width, 0) for p in parts]),
-            "tokens": np.concatenate([rows(p.sample.tokens_BxC) for p in parts]),
-            "mask": np.concatenate([rows(p.sample.mask_BxC) for p in parts]),
-            "logprobs": np.concatenate([rows(p.sample.logprobs_BxC) for p in parts]),
+        "prompt_tokens": np.concatenate(
+            [_pad_left(rows(p.sample.prompt_tokens_BxP), width, pad_id) for p in parts]
+        ),
+        "prompt_mask": np.concatenate([_pad_left(rows(p.sample.prompt_mask_BxP), width, 0) for p in parts]),
+        "tokens": np.concatenate([rows(p.sample.tokens_BxC) for p in parts]),
+        "mask": np.concatenate([rows(p.sample.mask_BxC) for p in parts]),
+        "logprobs": np.concatenate([rows(p.sample.logprobs_BxC) for p in parts]),
     }
     return out
 
@@ -274,6 +322,7 @@ def _select_groups(rollouts, group_size, num_groups, dynamic: bool):
 
 # ----------------------------------------------------------------------------------------------
 # The run.
+
 
 @dataclasses.dataclass
 class RunResult:
@@ -304,13 +353,15 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
     tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
     task = task or make_task(config.task.name, **config.task.options)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    rows_per_micro = (g_cfg.prompts_per_step * g_cfg.num_generations
-                      // (g_cfg.num_minibatches * g_cfg.grad_accum_steps))
+    rows_per_micro = (
+        g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
+    )
     if rows_per_micro % sharding.batch_size_multiple(mesh):
         raise config_lib.ConfigError(
             f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
             f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
-            f"{sharding.batch_size_multiple(mesh)} devices")
+            f"{sharding.batch_size_multiple(mesh)} devices"
+        )
     # Multi-host: each process samples and scores its host slice of the step's prompts; per-row
     # results are gathered to every host, so advantages and metrics are the single-host ones.
     multi = jax.process_count() > 1
@@ -319,18 +370,32 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     # Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would
     # double the update's sequence length; a few buckets keep recompiles to the first steps.
-    sampler = Sampler(graphdef, model_config, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                      prompt_buckets=tuple(8 << i for i in range(12)), mesh=mesh)
-    rollout_sampling = SamplingConfig(max_new_tokens=s_cfg.max_new_tokens, temperature=s_cfg.temperature,
-                                                                        top_k=s_cfg.top_k, top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
+    sampler = Sampler(
+        graphdef,
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        prompt_buckets=tuple(8 << i for i in range(12)),
+        mesh=mesh,
+    )
+    rollout_sampling = SamplingConfig(
+        max_new_tokens=s_cfg.max_new_tokens,
+        temperature=s_cfg.temperature,
+        top_k=s_cfg.top_k,
+        top_p=s_cfg.top_p,
+        ignore_eos=s_cfg.ignore_eos,
+    )
     G, B = g_cfg.num_generations, g_cfg.prompts_per_step
     updates_per_step = g_cfg.num_iterations * g_cfg.num_minibatches
     tx, schedule = make_optimizer(config.optim, t_cfg.steps * updates_per_step)
     base_key = jax.random.PRNGKey(t_cfg.seed)
-    eval_examples = task.eval_examples()[:e_cfg.num_questions] if e_cfg.num_questions else []
+    eval_examples = task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else []
 
-    ckpt = CheckpointManager(os.path.join(run_dir, "checkpoints"), max_to_keep=t_cfg.keep_checkpoints,
-                                                      async_save=t_cfg.async_checkpoints)
+    ckpt = CheckpointManager(
+        os.path.join(run_dir, "checkpoints"),
+        max_to_keep=t_cfg.keep_checkpoints,
+        async_save=t_cfg.async_checkpoints,
+    )
     start_step, data_position = 0, 0
     use_ref = g_cfg.beta > 0 or g_cfg.ref_resync_every > 0
     ref_dtype = jnp.bfloat16 if g_cfg.ref_dtype == "bfloat16" else jnp.float32
@@ -339,9 +404,17 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(run_dir))
     if latest is None:
         if config.sft.steps > 0:
-            params, sft_stats = sft_lib.warm_up(graphdef, params, sampler, tokenizer, task, config.sft,
-                                                                                    max_new_tokens=s_cfg.max_new_tokens,
-                                                                                    seed=t_cfg.seed, log_fn=log.info)
+            params, sft_stats = sft_lib.warm_up(
+                graphdef,
+                params,
+                sampler,
+                tokenizer,
+                task,
+                config.sft,
+                max_new_tokens=s_cfg.max_new_tokens,
+                seed=t_cfg.seed,
+                log_fn=log.info,
+            )
             if primary:
                 with open(os.path.join(run_dir, "sft.json"), "w") as f:
                     json.dump(sft_stats, f, indent=2)
@@ -352,31 +425,48 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         abstract = {"params": params, "opt_state": opt_state}
         if use_ref:
             abstract["ref_params"] = _as_dtype(params, ref_dtype)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract)
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract
+        )
         start_step, state, meta = ckpt.restore(abstract)
         params, opt_state = state["params"], state["opt_state"]
         ref_params = state.get("ref_params")
         data_position = int(meta["data_position"])
         log.info("resumed from step %d (data position %d)", start_step, data_position)
 
-    update_fn = sharding.shard_update_fn(make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature), mesh,
-                                         params, opt_state)
+    update_fn = sharding.shard_update_fn(
+        make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature), mesh, params, opt_state
+    )
     logprob_fn = make_logprob_fn(graphdef, s_cfg.temperature)
-    writer = MetricsWriter(run_dir, total_steps=t_cfg.steps, console=t_cfg.progress,
-                                                  key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"))
+    writer = MetricsWriter(
+        run_dir,
+        total_steps=t_cfg.steps,
+        console=t_cfg.progress,
+        key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
+    )
     diagnostics = Diagnostics()
     history, evals = [], []
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool
+
         pool = VerifierPool(t_cfg.verifier_workers)
 
     def run_eval(step):
         t0 = time.perf_counter()
-        res = rollout_lib.evaluate(sampler, params, tokenizer, task, eval_examples,
-                                                              num_samples=e_cfg.num_samples, ks=e_cfg.ks,
-                                                              temperature=e_cfg.temperature, max_new_tokens=s_cfg.max_new_tokens,
-                                                              greedy=e_cfg.greedy, rng=jax.random.fold_in(base_key, 10_000_000 + step))
+        res = rollout_lib.evaluate(
+            sampler,
+            params,
+            tokenizer,
+            task,
+            eval_examples,
+            num_samples=e_cfg.num_samples,
+            ks=e_cfg.ks,
+            temperature=e_cfg.temperature,
+            max_new_tokens=s_cfg.max_new_tokens,
+            greedy=e_cfg.greedy,
+            rng=jax.random.fold_in(base_key, 10_000_000 + step),
+        )
         res["time/eval"] = time.perf_counter() - t0
         evals.append({"step": step, **res})
         return res
@@ -412,8 +502,17 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                         examples = examples[sharding.host_slice(B, mesh)]
                     data_position += B
                     ro = rollout_lib.generate_and_score(
-                            sampler, params, tokenizer, task, examples, num_samples=G, sampling=rollout_sampling,
-                            rng=jax.random.fold_in(step_key, round_i), step=step, pool=pool)
+                        sampler,
+                        params,
+                        tokenizer,
+                        task,
+                        examples,
+                        num_samples=G,
+                        sampling=rollout_sampling,
+                        rng=jax.random.fold_in(step_key, round_i),
+                        step=step,
+                        pool=pool,
+                    )
                     rollouts.append(ro)
                     chosen, informative = _select_groups(rollouts, G, B, g_cfg.dynamic_sampling)
                     if not g_cfg.dynamic_sampling or informative >= B:
@@ -424,25 +523,33 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 rows = [slice(g * G, (g + 1) * G) for _, g in groups]
                 # Stack every round's rollout, then pick each chosen group's rows out of that stack.
                 offsets = np.cumsum([0] + [len(ro.rewards) for ro in rollouts[:-1]])
-                row_index = np.concatenate([np.arange(offsets[r] + g * G, offsets[r] + (g + 1) * G)
-                                                                        for r, g in chosen])
+                row_index = np.concatenate(
+                    [np.arange(offsets[r] + g * G, offsets[r] + (g + 1) * G) for r, g in chosen]
+                )
                 host = _concat_rollouts(rollouts, tokenizer.pad_id)
                 host = {k: v[row_index] for k, v in host.items()}
                 rewards = np.concatenate([ro.rewards[s] for (ro, _), s in zip(groups, rows)])
-                parts = {name: np.concatenate([ro.reward_parts[name][s] for (ro, _), s in zip(groups, rows)])
-                                  for name in rollouts[0].reward_parts}
+                parts = {
+                    name: np.concatenate([ro.reward_parts[name][s] for (ro, _), s in zip(groups, rows)])
+                    for name in rollouts[0].reward_parts
+                }
                 lengths = np.concatenate([ro.lengths[s] for (ro, _), s in zip(groups, rows)])
                 truncated = np.concatenate([ro.truncated[s] for (ro, _), s in zip(groups, rows)])
                 if multi:
                     # Host slices hold whole groups (prompts), in process order: gathering them gives
                     # the single-host rows, so advantages and metrics match it.
                     host = {k: sharding.allgather_rows(v) for k, v in host.items()}
-                    rewards, lengths, truncated = (sharding.allgather_rows(x) for x in (rewards, lengths, truncated))
+                    rewards, lengths, truncated = (
+                        sharding.allgather_rows(x) for x in (rewards, lengths, truncated)
+                    )
                     parts = {name: sharding.allgather_rows(v) for name, v in parts.items()}
 
                 # 4: advantages, optionally zero for truncated answers (they are also masked out below).
-                advantages = np.asarray(adv_lib.group_advantages(
-                        jnp.asarray(rewards), G, scale=g_cfg.scale_rewards, eps=g_cfg.advantage_eps))
+                advantages = np.asarray(
+                    adv_lib.group_advantages(
+                        jnp.asarray(rewards), G, scale=g_cfg.scale_rewards, eps=g_cfg.advantage_eps
+                    )
+                )
                 completion_mask = host["mask"].astype(np.int32)
                 if g_cfg.mask_truncated_completions:
                     completion_mask = completion_mask * (~truncated)[:, None]
@@ -450,14 +557,20 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 # 5: reference and (optionally) recomputed pi_old log-probs.
                 t0 = time.perf_counter()
                 tokens = jnp.asarray(np.concatenate([host["prompt_tokens"], host["tokens"]], axis=1))
-                attention = jnp.asarray(np.concatenate([host["prompt_mask"], host["mask"]], axis=1).astype(np.int32))
+                attention = jnp.asarray(
+                    np.concatenate([host["prompt_mask"], host["mask"]], axis=1).astype(np.int32)
+                )
                 C = host["tokens"].shape[1]
                 sampler_logp = jnp.asarray(host["logprobs"])
                 if multi:
                     tokens, attention = _global_rows(mesh, (np.asarray(tokens), np.asarray(attention)))
                     sampler_logp = host["logprobs"]
                 ref_logp = logprob_fn(ref_params, tokens, attention, C) if g_cfg.beta > 0 else None
-                old_logp = logprob_fn(params, tokens, attention, C) if g_cfg.old_logprobs == "recompute" else sampler_logp
+                old_logp = (
+                    logprob_fn(params, tokens, attention, C)
+                    if g_cfg.old_logprobs == "recompute"
+                    else sampler_logp
+                )
                 # Wait for them so time/logprobs is their compute, not just the dispatch (the
                 # update needs them next anyway, so this costs no overlap).
                 jax.block_until_ready((ref_logp, old_logp))
@@ -465,28 +578,45 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 if multi:
                     # Every row on every host, so minibatches are cut exactly as on one host.
                     tokens, attention, ref_logp, old_logp = (
-                        None if x is None else _all_rows(x) for x in (tokens, attention, ref_logp, old_logp))
+                        None if x is None else _all_rows(x) for x in (tokens, attention, ref_logp, old_logp)
+                    )
 
                 # 6: mu passes over the batch in minibatches of A micro-batches each.
                 t0 = time.perf_counter()
                 n_rows = tokens.shape[0]
                 A = g_cfg.grad_accum_steps
                 M = n_rows // (g_cfg.num_minibatches * A)
-                full = {"tokens": tokens, "attention": attention, "completion_mask": jnp.asarray(completion_mask),
-                                "advantages": jnp.asarray(advantages, jnp.float32), "old_logp": old_logp,
-                                "sampler_logp": sampler_logp, "ref_logp": ref_logp}
+                full = {
+                    "tokens": tokens,
+                    "attention": attention,
+                    "completion_mask": jnp.asarray(completion_mask),
+                    "advantages": jnp.asarray(advantages, jnp.float32),
+                    "old_logp": old_logp,
+                    "sampler_logp": sampler_logp,
+                    "ref_logp": ref_logp,
+                }
                 step_metrics = []
                 for it in range(g_cfg.num_iterations):
-                    order = (np.arange(n_rows) if g_cfg.num_minibatches == 1 else
-                                      np.asarray(jax.random.permutation(jax.random.fold_in(step_key, 1000 + it), n_rows)))
+                    order = (
+                        np.arange(n_rows)
+                        if g_cfg.num_minibatches == 1
+                        else np.asarray(
+                            jax.random.permutation(jax.random.fold_in(step_key, 1000 + it), n_rows)
+                        )
+                    )
                     for mb in range(g_cfg.num_minibatches):
-                        idx = order[mb * A * M:(mb + 1) * A * M]
-                        batch = UpdateBatch(**{k: (None if v is None else v[idx].reshape((A, M) + v.shape[1:]))
-                                               for k, v in full.items()})
+                        idx = order[mb * A * M : (mb + 1) * A * M]
+                        batch = UpdateBatch(
+                            **{
+                                k: (None if v is None else v[idx].reshape((A, M) + v.shape[1:]))
+                                for k, v in full.items()
+                            }
+                        )
                         if multi:
                             local = sharding.host_slice(M, mesh)
                             batch = sharding.global_batch(
-                                mesh, jax.tree.map(lambda x: np.asarray(x)[:, local], batch), M, row_axis=1)
+                                mesh, jax.tree.map(lambda x: np.asarray(x)[:, local], batch), M, row_axis=1
+                            )
                         else:
                             batch = jax.device_put(batch, sharding.batch_sharding(mesh, row_axis=1))
                         params, opt_state, m = update_fn(params, opt_state, batch)
@@ -501,7 +631,8 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
                 # Metrics (TRL's names).
                 finite = np.isfinite(rewards)
-                metrics.update({
+                metrics.update(
+                    {
                         "reward": float(np.nanmean(rewards)) if finite.any() else float("nan"),
                         "reward_std": float(np.nanstd(rewards)) if finite.any() else float("nan"),
                         "frac_reward_zero_std": float(adv_lib.zero_std_fraction(jnp.asarray(rewards), G)),
@@ -509,24 +640,37 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                         "completions/min_length": float(lengths.min()),
                         "completions/max_length": float(lengths.max()),
                         "completions/clipped_ratio": float(truncated.mean()),
-                        "advantages/mean": float(advantages.mean()), "advantages/std": float(advantages.std()),
-                        "advantages/max": float(advantages.max()), "advantages/min": float(advantages.min()),
+                        "advantages/mean": float(advantages.mean()),
+                        "advantages/std": float(advantages.std()),
+                        "advantages/max": float(advantages.max()),
+                        "advantages/min": float(advantages.min()),
                         "learning_rate": float(schedule(max(0, (step - 1) * updates_per_step))),
                         # TRL splits generation from scoring: time/rollout is sampling + decoding text.
-                        "time/rollout": t_rollout - reward_seconds, "time/reward": reward_seconds,
-                        "time/logprobs": t_logprobs, "time/update": t_update,
+                        "time/rollout": t_rollout - reward_seconds,
+                        "time/reward": reward_seconds,
+                        "time/logprobs": t_logprobs,
+                        "time/update": t_update,
                         "data_position": data_position,
-                })
+                    }
+                )
                 if g_cfg.dynamic_sampling:
                     metrics["dynamic_sampling/rounds"] = len(rollouts)
                 for name, vals in parts.items():
-                    metrics[f"rewards/{name}/mean"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
-                    metrics[f"rewards/{name}/std"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+                    metrics[f"rewards/{name}/mean"] = (
+                        float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+                    )
+                    metrics[f"rewards/{name}/std"] = (
+                        float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+                    )
                 metrics["time/step"] = time.perf_counter() - t_step
                 metrics["tokens_per_second"] = float(host["mask"].sum()) / max(metrics["time/step"], 1e-9)
                 if step > start_step + 2 and _COMPILES.count > compiles_before:
-                    log.warning("step %d recompiled %d XLA program(s); shapes changed after warm-up "
-                                            "(prompt length bucket or batch shape)", step, _COMPILES.count - compiles_before)
+                    log.warning(
+                        "step %d recompiled %d XLA program(s); shapes changed after warm-up "
+                        "(prompt length bucket or batch shape)",
+                        step,
+                        _COMPILES.count - compiles_before,
+                    )
                     metrics["recompiles"] = _COMPILES.count - compiles_before
 
                 if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
@@ -546,7 +690,12 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                     stopped_by = signal.Signals(stop.signal).name
                 if t_cfg.stop_after_steps and steps_this_run >= t_cfg.stop_after_steps and step < t_cfg.steps:
                     stopped_by = "stop_after_steps"
-                if t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0 or stopped_by or step == t_cfg.steps:
+                if (
+                    t_cfg.checkpoint_every
+                    and step % t_cfg.checkpoint_every == 0
+                    or stopped_by
+                    or step == t_cfg.steps
+                ):
                     save(step)
                 if stopped_by:
                     log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
@@ -560,6 +709,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
     if step == t_cfg.steps and t_cfg.export_hf:
         from grpo_jax import hf
+
         export = params
         if multi:  # every process joins the gather of the whole weights; process 0 writes them
             export = jax.tree.map(jnp.asarray, _all_rows_tree(params))
@@ -575,7 +725,8 @@ def _check_multihost(config: config_lib.Config, mesh) -> None:
     if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
         raise config_lib.ConfigError(
             f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
-            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)")
+            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
+        )
     if g.dynamic_sampling:
         raise config_lib.ConfigError("grpo.dynamic_sampling is not supported on several processes yet")
     if config.sft.steps > 0:
@@ -616,8 +767,14 @@ def _sample_rows(rollouts, chosen, G, host, parts, rewards) -> list[dict]:
     for r, g in chosen:
         ro = rollouts[r]
         for j in range(g * G, (g + 1) * G):
-            rows.append({"prompt": ro.prompts[j], "completion": ro.completions[j],
-                                      "answer": ro.examples[j].get("answer"), "reward": float(rewards[i]),
-                                      **{f"rewards/{n}": float(v[i]) for n, v in parts.items()}})
+            rows.append(
+                {
+                    "prompt": ro.prompts[j],
+                    "completion": ro.completions[j],
+                    "answer": ro.examples[j].get("answer"),
+                    "reward": float(rewards[i]),
+                    **{f"rewards/{n}": float(v[i]) for n, v in parts.items()},
+                }
+            )
             i += 1
     return rows
