@@ -519,8 +519,6 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                         break
                 t_rollout = time.perf_counter() - t0
                 reward_seconds = sum(ro.reward_seconds for ro in rollouts)
-                groups = [(rollouts[r], g) for r, g in chosen]
-                rows = [slice(g * G, (g + 1) * G) for _, g in groups]
                 # Stack every round's rollout, then pick each chosen group's rows out of that stack.
                 offsets = np.cumsum([0] + [len(ro.rewards) for ro in rollouts[:-1]])
                 row_index = np.concatenate(
@@ -528,13 +526,15 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 )
                 host = _concat_rollouts(rollouts, tokenizer.pad_id)
                 host = {k: v[row_index] for k, v in host.items()}
-                rewards = np.concatenate([ro.rewards[s] for (ro, _), s in zip(groups, rows)])
+
+                def pick(field):
+                    return np.concatenate([getattr(ro, field) for ro in rollouts])[row_index]
+
+                rewards, lengths, truncated = pick("rewards"), pick("lengths"), pick("truncated")
                 parts = {
-                    name: np.concatenate([ro.reward_parts[name][s] for (ro, _), s in zip(groups, rows)])
+                    name: np.concatenate([ro.reward_parts[name] for ro in rollouts])[row_index]
                     for name in rollouts[0].reward_parts
                 }
-                lengths = np.concatenate([ro.lengths[s] for (ro, _), s in zip(groups, rows)])
-                truncated = np.concatenate([ro.truncated[s] for (ro, _), s in zip(groups, rows)])
                 if multi:
                     # Host slices hold whole groups (prompts), in process order: gathering them gives
                     # the single-host rows, so advantages and metrics match it.
