@@ -58,6 +58,9 @@ class SamplingSection:
     top_k: int = 0
     top_p: float = 1.0
     ignore_eos: bool = False  # benchmarks: every completion runs to max_new_tokens
+    # Host threads that each decode an equal share of the prompts (same samples for any count).
+    # 0: auto, 2 on a one-device CPU backend with >= 2 cores (a decode loop keeps one core busy), else 1.
+    threads: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +257,7 @@ def validate(config: Config) -> None:
         ("train.checkpoint_every", t.checkpoint_every),
         ("train.samples_every", t.samples_every),
         ("sampling.top_k", s.top_k),
+        ("sampling.threads", s.threads),
         ("train.stop_after_steps", t.stop_after_steps),
         ("grpo.ref_resync_every", g.ref_resync_every),
         ("train.verifier_workers", t.verifier_workers),

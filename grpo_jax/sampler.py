@@ -18,6 +18,7 @@ so they equal `model.token_logprobs(..., temperature=T)` recomputed by the train
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import NamedTuple
 
@@ -172,8 +173,15 @@ def argmax_last(x_BxV: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x_BxV == top_Bx1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
 
 
-def _sample(logits_BxV, key, sampling: SamplingConfig):
-    """(token_B, log-prob_B under the unfiltered softmax(logits / T))."""
+def row_keys(rng: jax.Array, row_ids_B: jax.Array) -> jax.Array:
+    """One PRNG key per row, fold_in(rng, global row index): a row's samples do not depend on
+    which other rows share its batch, so splitting the batch (threads, devices) changes nothing."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, row_ids_B)
+
+
+def _sample(logits_BxV, keys_B, step, sampling: SamplingConfig):
+    """(token_B, log-prob_B under the unfiltered softmax(logits / T)); row b's noise is drawn
+    from fold_in(keys_B[b], step)."""
     scaled = logits_BxV.astype(jnp.float32) / sampling.temperature
     logp_BxV = jax.nn.log_softmax(scaled, axis=-1)
     if sampling.greedy:
@@ -181,23 +189,28 @@ def _sample(logits_BxV, key, sampling: SamplingConfig):
     else:
         # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
         filtered = filter_logits(scaled, sampling.top_k, sampling.top_p)
-        token_B = argmax_last(filtered + jax.random.gumbel(key, filtered.shape, jnp.float32))
+        v = filtered.shape[-1]
+        noise_BxV = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, step), (v,), jnp.float32))(keys_B)
+        token_B = argmax_last(filtered + noise_BxV)
     token_B = token_B.astype(jnp.int32)
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
 
 
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
-           eos_id: int, pad_id: int, segment: int | None = None) -> DecodeState:
+           eos_id: int, pad_id: int, segment: int | None = None, first_row=0) -> DecodeState:
     """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done.
 
     With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
     so attention covers only the slots the segment can have filled; the samples are the same.
+    Row b of this batch is global row first_row + b: its noise comes from `row_keys`.
     """
     c = sampling.max_new_tokens
     ends = decode_segments(c, segment or c)
+    b = state.done_B.shape[0]
+    keys_B = row_keys(rng, jnp.asarray(first_row, jnp.int32) + jnp.arange(b, dtype=jnp.int32))
 
     def record(st: DecodeState) -> DecodeState:
-        token_B, logp_B = _sample(st.logits_BxV, jax.random.fold_in(rng, st.step), sampling)
+        token_B, logp_B = _sample(st.logits_BxV, keys_B, st.step, sampling)
         token_B = jnp.where(st.done_B, pad_id, token_B)
         logp_B = jnp.where(st.done_B, 0.0, logp_B)
         start = (jnp.zeros((), jnp.int32), st.step)
@@ -244,7 +257,7 @@ class Sampler:
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int, pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-                 decode_segment: int = 64, mesh=None):
+                 decode_segment: int = 64, mesh=None, threads: int = 1):
         for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
             if not 0 <= value < config.vocab_size:
                 raise ValueError(f"Sampler {name} must be in [0, vocab_size={config.vocab_size}), got {value}")
@@ -264,6 +277,13 @@ class Sampler:
         # slice); they are assembled into global arrays with rows over ("data", "fsdp") and the
         # SampleOutput arrays are global too (read a process's rows with sharding.process_rows).
         self.mesh = mesh
+        if not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"Sampler threads must be an int >= 1, got {threads!r}")
+        # Single process: the prompts are split into this many equal parts, each prefilled and
+        # decoded by its own host thread. XLA's CPU backend runs a decode loop (small matmuls) on
+        # one core, and executions dispatched from different threads run side by side; the
+        # samples are the same for any split (`row_keys`).
+        self.threads = threads
         self._compiled: dict[tuple, tuple] = {}
         self.num_traces = 0  # times a prefill/decode pair was traced (= compiled); tests read it
 
@@ -277,9 +297,10 @@ class Sampler:
                 return prefill(self.graphdef, params, tokens, mask, num_samples=num_samples,
                                max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
 
-            def decode_fn(params, state, rng):
+            def decode_fn(params, state, rng, first_row):
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
-                            eos_id=self.eos_id, pad_id=self.pad_id, segment=self.decode_segment)
+                            eos_id=self.eos_id, pad_id=self.pad_id, segment=self.decode_segment,
+                            first_row=first_row)
                 mask_BxP = state.key_mask_BxS[:, :prompt_len]
                 c = sampling.max_new_tokens
                 # 1 up to and including the first EOS; all 1 when EOS is ignored.
@@ -333,11 +354,27 @@ class Sampler:
         for i, p in enumerate(prompts):
             tokens[i, prompt_len - len(p):] = p
             mask[i, prompt_len - len(p):] = 1
-        prefill_fn, decode_fn = self._functions(prompt_len, num_prompts, num_samples, sampling)
         if multi:
+            prefill_fn, decode_fn = self._functions(prompt_len, num_prompts, num_samples, sampling)
             return self._call_global(params, tokens, mask, num_prompts, num_samples, rng, prefill_fn, decode_fn)
-        _, (mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC) = decode_fn(
-            params, prefill_fn(params, tokens, mask), rng)
+        # Equal parts (one compiled program): the largest part count <= threads dividing the prompts.
+        parts = max(k for k in range(1, min(self.threads, num_prompts) + 1) if num_prompts % k == 0)
+        n = num_prompts // parts
+        prefill_fn, decode_fn = self._functions(prompt_len, n, num_samples, sampling)
+
+        def run_part(i):
+            rows = slice(i * n, (i + 1) * n)
+            state = prefill_fn(params, tokens[rows], mask[rows])
+            return decode_fn(params, state, rng, np.int32(i * n * num_samples))[1]
+
+        if parts == 1:
+            outs = run_part(0)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+                # Each thread waits for its own result, so the parts run concurrently.
+                results = list(pool.map(lambda i: jax.block_until_ready(run_part(i)), range(parts)))
+            outs = tuple(jnp.concatenate(xs, axis=0) for xs in zip(*results))
+        mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = outs
         return SampleOutput(
             prompt_tokens_BxP=jnp.asarray(np.repeat(tokens, num_samples, axis=0)),
             prompt_mask_BxP=mask_BxP,
@@ -358,7 +395,7 @@ class Sampler:
         tokens_g, mask_g = sharding.global_batch(mesh, (tokens, mask), num_prompts)
         # The key as host data: the same value on every process, replicated by jit.
         rng = np.asarray(rng)
-        _, outs = decode_fn(params, prefill_fn(params, tokens_g, mask_g), rng)
+        _, outs = decode_fn(params, prefill_fn(params, tokens_g, mask_g), rng, np.int32(0))
         # Rows over ("data", "fsdp") whatever layout XLA chose, so process_rows reads this host's rows.
         mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = sharding.put_sharded(
             outs, sharding.batch_sharding(mesh))

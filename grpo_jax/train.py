@@ -231,6 +231,14 @@ def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32):
     return logprobs
 
 
+def _auto_sampler_threads() -> int:
+    """2 on a one-device CPU backend with >= 2 cores, else 1: XLA runs one decode loop on one
+    core, and two half batches decoded from two threads take 0.59 s instead of 0.73 s on W1
+    (benchmarks/NOTES.md). Accelerators and multi-device meshes keep one stream."""
+    one_cpu_device = jax.default_backend() == "cpu" and jax.device_count() == 1
+    return 2 if one_cpu_device and (os.cpu_count() or 1) >= 2 else 1
+
+
 class _CompileCounter:
     """Counts XLA compilations, so a recompile after warm-up can be reported."""
 
@@ -377,6 +385,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         pad_id=tokenizer.pad_id,
         prompt_buckets=tuple(8 << i for i in range(12)),
         mesh=mesh,
+        threads=s_cfg.threads or _auto_sampler_threads(),
     )
     rollout_sampling = SamplingConfig(
         max_new_tokens=s_cfg.max_new_tokens,

@@ -232,3 +232,30 @@ def test_segmented_decode_attends_less_and_samples_the_same(model):
     np.testing.assert_array_equal(np.asarray(a.tokens_BxC), np.asarray(b.tokens_BxC))
     np.testing.assert_array_equal(np.asarray(a.mask_BxC), np.asarray(b.mask_BxC))
     np.testing.assert_allclose(np.asarray(a.logprobs_BxC), np.asarray(b.logprobs_BxC), atol=1e-5)
+
+
+def test_threads_split_the_prompts_and_sample_the_same(model):
+    # Four prompts decoded as two halves on two threads (and as four quarters) give the rows of
+    # one batch: each row's noise is keyed by its global row index, not by its batch.
+    graphdef, params = model
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
+    sampling = S.SamplingConfig(max_new_tokens=5, temperature=1.0)
+    outs = {}
+    for threads in (1, 2, 4):
+        sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=threads)
+        outs[threads] = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
+    assert outs[1].tokens_BxC.shape == (12, 5)
+    for threads in (2, 4):
+        for field in ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B"):
+            np.testing.assert_array_equal(np.asarray(getattr(outs[threads], field)),
+                                          np.asarray(getattr(outs[1], field)), err_msg=field)
+        np.testing.assert_allclose(np.asarray(outs[threads].logprobs_BxC), np.asarray(outs[1].logprobs_BxC),
+                                   atol=1e-5)
+    # Rows of one prompt differ (distinct keys), and a different key gives different samples.
+    assert len({tuple(r) for r in np.asarray(outs[1].tokens_BxC)[:3]}) > 1
+    # 3 prompts over 2 threads: no equal split, so one part (no second compiled shape).
+    odd = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=2)
+    odd(params, prompts[:3], num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(5))
+    assert odd.num_traces == 1 and list(odd._compiled)[0][1] == 3
+    with pytest.raises(ValueError, match="threads"):
+        S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=0)
