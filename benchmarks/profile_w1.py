@@ -39,6 +39,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--trace", default="")
     parser.add_argument("--pieces", default="rollout,reference,update,forward,grad")
+    parser.add_argument("--threads", type=int, default=2, help="sampler threads")
+    parser.add_argument("--no-share-prompt", dest="share_prompt", action="store_false",
+                        help="every row runs its own copy of the prompt (grpo.share_prompt_prefix=False)")
     args = parser.parse_args()
     pieces = args.pieces.split(",")
 
@@ -53,22 +56,26 @@ def main():
     n, g, p, c = cfg.grpo.prompts_per_step, cfg.grpo.num_generations, bench.W1_PROMPT_LEN, cfg.sampling.max_new_tokens
     b = n * g
     rng = np.random.default_rng(0)
-    sampler = Sampler(graphdef, mc, eos_id=1, pad_id=0)
+    sampler = Sampler(graphdef, mc, eos_id=1, pad_id=0, threads=args.threads)
     sampling = SamplingConfig(max_new_tokens=c, temperature=1.0, ignore_eos=True)
     prompts = [rng.integers(2, 448, 29).tolist() for _ in range(n)]
-    tokens = jnp.asarray(rng.integers(2, 1024, (b, p + c)), jnp.int32)
+    # G answers per prompt: rows of a group share their first P tokens (as in training).
+    prompt_tokens = np.repeat(rng.integers(2, 1024, (n, p)), g, axis=0)
+    tokens = jnp.asarray(np.concatenate([prompt_tokens, rng.integers(2, 1024, (b, c))], 1), jnp.int32)
     attention = jnp.asarray(np.concatenate([np.zeros((b, 3)), np.ones((b, p + c - 3))], 1), jnp.int32)
     flops = bench.grpo_step_flops(mc, num_prompts=n, group=g, prompt_len=p, new_tokens=c)
     tx, _ = train.make_optimizer(cfg.optim, 100)
     opt_state = tx.init(params)
-    update_fn = train.make_update_fn(graphdef, tx, cfg.grpo, 1.0)
-    logprob_fn = train.make_logprob_fn(graphdef, 1.0)
+    group = g if args.share_prompt else 1
+    update_fn = train.make_update_fn(graphdef, tx, cfg.grpo, 1.0, group_size=group)
+    logprob_fn = train.make_logprob_fn(graphdef, 1.0, group_size=group)
     old = jnp.asarray(rng.normal(-7, 0.1, (b, c)), jnp.float32)
     batch = train.UpdateBatch(tokens=tokens[None], attention=attention[None],
                               completion_mask=jnp.ones((1, b, c), jnp.int32),
                               advantages=jnp.asarray(rng.normal(size=(1, b)), jnp.float32),
                               old_logp=old[None], sampler_logp=old[None], ref_logp=old[None])
-    state = {"params": params, "opt": opt_state}
+    # A copy: the update donates its params, and the other pieces keep using `params`.
+    state = {"params": jax.tree.map(jnp.copy, params), "opt": opt_state}
 
     def update():
         # The update donates params/opt_state: keep feeding it its own outputs.
@@ -76,7 +83,7 @@ def main():
         return metrics
 
     def loss(prm):
-        lp = model_lib.token_logprobs(graphdef, prm, tokens, attention, num_targets=c)
+        lp = model_lib.token_logprobs(graphdef, prm, tokens, attention, num_targets=c, group_size=group)
         return jnp.sum(lp)
 
     forward = jax.jit(loss)
@@ -94,7 +101,7 @@ def main():
         t = _median_time(fn, args.repeats)
         print(f"{name:10s} {t * 1e3:8.1f} ms  {fl / 1e9:6.1f} GFLOP  {fl / t / 1e9:6.1f} GFLOP/s", flush=True)
     if args.trace:
-        with jax.profiler.trace(args.trace):
+        with jax.profiler.trace(args.trace, create_perfetto_trace=True):
             for name in pieces:
                 jax.block_until_ready(fns[name][0]())
         print(f"trace written to {args.trace}")

@@ -85,6 +85,9 @@ class GRPOSection:
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups, top the batch up
     max_resample_rounds: int = 4
     ref_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Run each prompt through the model once per group of G rows in the reference and update
+    # passes (the same log-probs; 29% fewer tokens on W1). Off: every row runs its own copy.
+    share_prompt_prefix: bool = True
     ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps
 
 

@@ -244,14 +244,84 @@ dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 class KVCache(NamedTuple):
-    """One layer's keys (after RoPE) and values, slot s of row b at [b, :, s].
+    """One layer's keys (after RoPE, stored transposed) and values: slot s of row b at
+    k[b, :, :, s] and v[b, :, s].
 
-    Heads before slots so both attention einsums are plain batched matmuls over (B, K): with
-    [B, S, K, H] XLA transposed the whole cache at every decode step (3x slower on CPU).
+    Heads before slots so both attention products are plain batched matmuls over (B, K): with
+    [B, S, K, H] XLA transposed the whole cache at every decode step (3x slower on CPU). Keys as
+    [H, S] make q @ k a plain [G, H] x [H, S] product; as [S, H] (contracting both minor axes)
+    XLA's CPU kernel took 0.78 ms per layer-step on W1 against 0.27 ms for probs @ v of the same
+    size (benchmarks/NOTES.md).
     """
 
-    k_BxKxSxH: jax.Array
+    k_BxKxHxS: jax.Array
     v_BxKxSxH: jax.Array
+
+
+def _attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS) -> jax.Array:
+    """softmax(q k^T / sqrt(H)) v over the visible slots: [B, K, G, T, H], G = N / K query heads
+    per kv head (head n = k * G + g, HF repeat_kv order)."""
+    b, t, n, hd = q_BxTxNxH.shape
+    kv, s = keys_BxKxHxS.shape[1], keys_BxKxHxS.shape[3]
+    g = n // kv
+    # Both products are written as plain batched matmuls over (B, K) with the contraction on a
+    # minor axis: as free-form einsums XLA's CPU backend picked a slow generic dot for probs @ values.
+    q_BxKxGTxH = q_BxTxNxH.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
+    batch = ((0, 1), (0, 1))
+    scores = jax.lax.dot_general(q_BxKxGTxH, keys_BxKxHxS, (((3,), (2,)), batch),
+                                 preferred_element_type=jnp.float32) / math.sqrt(hd)
+    # A finite floor, not -inf: a padding query with no visible key gets a uniform (unused)
+    # distribution instead of NaN, which would poison gradients.
+    scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores.reshape(b, kv, g, t, s),
+                                 jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(q_BxTxNxH.dtype).reshape(b, kv, g * t, s)
+    out_BxKxGTxH = jax.lax.dot_general(probs, values_BxKxSxH, (((3,), (2,)), batch))
+    return out_BxKxGTxH.reshape(b, kv, g, t, hd)
+
+
+def _attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH, prompt_mask_NxP,
+                                k_NxGxCxKxH, v_NxGxCxKxH, completion_mask_NxGxC) -> jax.Array:
+    """Attention of G completions per prompt over their one shared prompt and themselves.
+
+    Completion token c of sample g sees the prompt's real tokens and its own tokens <= c. The
+    prompt's keys are multiplied once per prompt by the queries of all G samples ([N, K, R*G*C, P],
+    no G-fold copy); the completion part is per sample ([N*G, K, R*C, C]). One softmax spans both
+    blocks (a shared max and normaliser). Returns [N, G, C, K*R*H], heads n = k * R + r.
+    """
+    n, g, c, kv, r, hd = q_NxGxCxKxRxH.shape
+    p = k_prompt_NxKxHxP.shape[3]
+    dt = q_NxGxCxKxRxH.dtype
+    floor = jnp.finfo(jnp.float32).min
+    batch = ((0, 1), (0, 1))
+    scale = 1.0 / math.sqrt(hd)
+    # Prompt block, all samples of a prompt in one matmul: [N, K, R*G*C, P].
+    q_cp = q_NxGxCxKxRxH.transpose(0, 3, 4, 1, 2, 5).reshape(n, kv, r * g * c, hd)
+    s_cp = jax.lax.dot_general(q_cp, k_prompt_NxKxHxP, (((3,), (2,)), batch),
+                               preferred_element_type=jnp.float32) * scale
+    s_cp = jnp.where(prompt_mask_NxP[:, None, None, :] > 0, s_cp, floor)
+    # Own block, per sample, causal: [N*G, K, R*C, C].
+    q_cc = q_NxGxCxKxRxH.reshape(n * g, c, kv, r, hd).transpose(0, 2, 3, 1, 4).reshape(n * g, kv, r * c, hd)
+    k_cc = k_NxGxCxKxH.reshape(n * g, c, kv, hd).transpose(0, 2, 3, 1)  # [NG, K, H, C]
+    v_cc = v_NxGxCxKxH.reshape(n * g, c, kv, hd).transpose(0, 2, 1, 3)
+    s_cc = jax.lax.dot_general(q_cc, k_cc, (((3,), (2,)), batch), preferred_element_type=jnp.float32) * scale
+    causal_CxC = jnp.arange(c)[None, :] <= jnp.arange(c)[:, None]
+    visible = causal_CxC[None] & (completion_mask_NxGxC.reshape(n * g, 1, c) > 0)  # [NG, C(query), C(key)]
+    s_cc = jnp.where(visible[:, None, None], s_cc.reshape(n * g, kv, r, c, c), floor)
+    # Shared max over both blocks, in the layout [N, G, K, R, C] (per query).
+    m_cp = jnp.max(s_cp, axis=-1).reshape(n, kv, r, g, c).transpose(0, 3, 1, 2, 4)
+    m_cc = jnp.max(s_cc, axis=-1).reshape(n, g, kv, r, c)
+    m = jax.lax.stop_gradient(jnp.maximum(m_cp, m_cc))
+    e_cp = jnp.exp(s_cp - m.transpose(0, 2, 3, 1, 4).reshape(n, kv, r * g * c)[..., None])
+    e_cc = jnp.exp(s_cc - m.reshape(n * g, kv, r, c)[..., None])
+    denom = jnp.sum(e_cp, axis=-1).reshape(n, kv, r, g, c).transpose(0, 3, 1, 2, 4) + jnp.sum(
+        e_cc, axis=-1).reshape(n, g, kv, r, c)
+    out_cp = jax.lax.dot_general(e_cp.astype(dt), v_prompt_NxKxPxH, (((3,), (2,)), batch))
+    out_cc = jax.lax.dot_general(e_cc.astype(dt).reshape(n * g, kv, r * c, c), v_cc, (((3,), (2,)), batch))
+    # Both to [N, G, C, K, R, H], normalised once.
+    out = (out_cp.reshape(n, kv, r, g, c, hd).transpose(0, 3, 4, 1, 2, 5)
+           + out_cc.reshape(n, g, kv, r, c, hd).transpose(0, 1, 4, 2, 3, 5))
+    inv_denom = (1.0 / denom).transpose(0, 1, 4, 2, 3)[..., None]  # [N, G, C, K, R, 1]
+    return (out * inv_denom.astype(dt)).reshape(n, g, c, kv * r * hd)
 
 
 class Attention(nnx.Module):
@@ -270,16 +340,8 @@ class Attention(nnx.Module):
             self.q_norm = _param("q_norm", jnp.ones((c.head_dim,), pd))
             self.k_norm = _param("k_norm", jnp.ones((c.head_dim,), pd))
 
-    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache: KVCache | None,
-                 write_index) -> tuple[jax.Array, KVCache]:
-        """Attention of T queries at cache slots write_index + [0, T) over S key slots.
-
-        cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
-        returned KVCache holds them ([B, K, T, H]). Otherwise this step's k/v are written into the cache at
-        write_index (dynamic_update_slice) and the updated cache is returned.
-        key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
-        key_mask[b, s] and s <= q (causal).
-        """
+    def _qkv(self, x_BxTxD, positions_BxT, inv_freq):
+        """Queries [B, T, N, H] and keys, values [B, T, K, H] (compute dtype), RoPE applied."""
         c = self.config
         dt = _DTYPES[c.dtype]
         x = x_BxTxD.astype(dt)
@@ -310,39 +372,65 @@ class Attention(nnx.Module):
             k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
         q = apply_rope(q, positions_BxT, inv_freq)
         k = apply_rope(k, positions_BxT, inv_freq)
+        return q, k, v
 
-        k_BxKxTxH, v_BxKxTxH = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    def shared_prompt(self, x_NxLxD, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC,
+                      inv_freq) -> jax.Array:
+        """Attention for N sequences laid out as one prompt then its G completions, L = P + G*C.
+
+        Same results as running the N*G rows [prompt, completion] through `__call__`, with the
+        prompt's projections computed once instead of G times. Returns [N, L, D].
+        """
+        c = self.config
+        n, p = prompt_mask_NxP.shape
+        _, g, cl = completion_mask_NxGxC.shape
+        kv, r, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        q, k, v = self._qkv(x_NxLxD, positions_NxL, inv_freq)
+        k_prompt, v_prompt = k[:, :p].transpose(0, 2, 3, 1), v[:, :p].transpose(0, 2, 1, 3)
+        visible_NxPxP = (prompt_mask_NxP[:, None, :] > 0) & (jnp.arange(p)[None, :] <= jnp.arange(p)[:, None])[None]
+        out_prompt = _attend(q[:, :p], k_prompt, v_prompt, visible_NxPxP)  # [N, K, R, P, H]
+        out_prompt_NxPxNH = out_prompt.transpose(0, 3, 1, 2, 4).reshape(n, p, c.num_heads * hd)
+        out_completion = _attend_after_shared_prompt(
+            q[:, p:].reshape(n, g, cl, kv, r, hd), k_prompt, v_prompt, prompt_mask_NxP,
+            k[:, p:].reshape(n, g, cl, kv, hd), v[:, p:].reshape(n, g, cl, kv, hd), completion_mask_NxGxC)
+        out_NxLxNH = jnp.concatenate([out_prompt_NxPxNH, out_completion.reshape(n, g * cl, -1)], axis=1)
+        w_o = self.o_proj[...].astype(_DTYPES[c.dtype]).reshape(c.num_heads * hd, c.hidden_size)
+        return dense(out_NxLxNH, w_o)
+
+    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache: KVCache | None,
+                 write_index) -> tuple[jax.Array, KVCache]:
+        """Attention of T queries at cache slots write_index + [0, T) over S key slots.
+
+        cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
+        returned KVCache holds them ([B, K, T, H]). Otherwise this step's k/v are written into the cache at
+        write_index (dynamic_update_slice) and the updated cache is returned.
+        key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
+        key_mask[b, s] and s <= q (causal).
+        """
+        c = self.config
+        dt = _DTYPES[c.dtype]
+        b, t = x_BxTxD.shape[:2]
+        n, hd = c.num_heads, c.head_dim
+        q, k, v = self._qkv(x_BxTxD, positions_BxT, inv_freq)
+        k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         if cache is None:
-            cache = KVCache(k_BxKxTxH, v_BxKxTxH)
+            cache = KVCache(k_BxKxHxT, v_BxKxTxH)
         else:
-            zero = jnp.zeros((), jnp.int32)
-            start = (zero, zero, jnp.asarray(write_index, jnp.int32), zero)
+            zero, slot = jnp.zeros((), jnp.int32), jnp.asarray(write_index, jnp.int32)
             cache = KVCache(
-                jax.lax.dynamic_update_slice(cache.k_BxKxSxH, k_BxKxTxH.astype(cache.k_BxKxSxH.dtype), start),
-                jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype), start),
+                jax.lax.dynamic_update_slice(cache.k_BxKxHxS, k_BxKxHxT.astype(cache.k_BxKxHxS.dtype),
+                                             (zero, zero, zero, slot)),
+                jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype),
+                                             (zero, zero, slot, zero)),
             )
-        keys, values = cache.k_BxKxSxH.astype(dt), cache.v_BxKxSxH.astype(dt)
-        s = keys.shape[2]
-        g = c.num_heads // c.num_kv_heads
-        # Query heads n = k * G + g share kv head k (HF repeat_kv order). Both products are
-        # written as plain batched matmuls over (B, K) with the contraction on a minor axis: as
-        # free-form einsums XLA's CPU backend picked a slow generic dot for probs @ values.
-        q_BxKxGTxH = q.reshape(b, t, c.num_kv_heads, g, c.head_dim).transpose(0, 2, 3, 1, 4).reshape(
-            b, c.num_kv_heads, g * t, c.head_dim)
-        batch = ((0, 1), (0, 1))
-        scores = jax.lax.dot_general(q_BxKxGTxH, keys, (((3,), (3,)), batch),
-                                     preferred_element_type=jnp.float32) / math.sqrt(c.head_dim)
+        keys, values = cache.k_BxKxHxS.astype(dt), cache.v_BxKxSxH.astype(dt)
+        s = keys.shape[3]
         q_slot_T = jnp.asarray(write_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
         visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
             jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_T[None, :, None]
         )
-        # A finite floor, not -inf: a padding query with no visible key gets a uniform (unused)
-        # distribution instead of NaN, which would poison gradients.
-        scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores.reshape(b, c.num_kv_heads, g, t, s),
-                                     jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(dt).reshape(b, c.num_kv_heads, g * t, s)
-        out_BxKxGTxH = jax.lax.dot_general(probs, values, (((3,), (2,)), batch))
-        out_BxKxGxTxH = out_BxKxGTxH.reshape(b, c.num_kv_heads, g, t, c.head_dim)
+        out_BxKxGxTxH = _attend(q, keys, values, visible_BxTxS)
+        g = c.num_heads // c.num_kv_heads
         o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
         if t == 1:
             return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
@@ -393,6 +481,14 @@ class Block(nnx.Module):
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
 
 
+    def shared_prompt(self, x_NxLxD, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC, inv_freq):
+        """`__call__` for the one-prompt-then-G-completions layout (Attention.shared_prompt)."""
+        eps = self.config.rms_norm_eps
+        x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), positions_NxL,
+                                              prompt_mask_NxP, completion_mask_NxGxC, inv_freq)
+        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+
+
 def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
     """cumsum(mask) - 1 clipped at 0: each row's first real token sits at position 0."""
     return jnp.maximum(jnp.cumsum(attention_mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
@@ -423,7 +519,7 @@ class Transformer(nnx.Module):
         """Final-normed hidden states [B, T, D] (compute dtype) and one KVCache per layer.
 
         caches None: S = T, the tokens attend to themselves (causal, key_mask = attention mask),
-        and the returned caches hold their keys/values [B, K, T, H]. Otherwise the tokens occupy
+        and the returned caches hold their keys [B, K, H, T] and values [B, K, T, H]. Otherwise the tokens occupy
         slots write_index + [0, T) of the given caches (decode) and the updated caches return.
         """
         c = self.config
@@ -435,6 +531,25 @@ class Transformer(nnx.Module):
                              None if caches is None else caches[i], write_index)
             new_caches.append(cache)
         return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
+
+    def shared_prompt_hidden_states(self, prompt_NxP, prompt_mask_NxP, completions_NxGxC, completion_mask_NxGxC):
+        """Final-normed hidden states of N prompts, once each ([N, P, D]), and of their G
+        completions ([N, G, C, D]); equal to `hidden_states` of the N*G rows [prompt, completion]
+        (left-padded prompts; positions continue from each prompt's real length)."""
+        c = self.config
+        n, p = prompt_NxP.shape
+        _, g, cl = completions_NxGxC.shape
+        prompt_pos_NxP = default_positions(prompt_mask_NxP)
+        prompt_len_N = prompt_mask_NxP.astype(jnp.int32).sum(axis=1)
+        comp_pos = jnp.cumsum(completion_mask_NxGxC.astype(jnp.int32), axis=-1) - 1 + prompt_len_N[:, None, None]
+        positions_NxL = jnp.concatenate([prompt_pos_NxP, jnp.maximum(comp_pos, 0).reshape(n, g * cl)], axis=1)
+        tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
+        x = self.embed[...][tokens_NxL].astype(_DTYPES[c.dtype])
+        inv_freq = rope_inv_freq(c)
+        for layer in self.layers:
+            x = layer.shared_prompt(x, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC, inv_freq)
+        h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        return h[:, :p], h[:, p:].reshape(n, g, cl, -1)
 
     def logits(self, h_BxTxD) -> jax.Array:
         """Output projection, accumulated and returned in float32 [B, T, V]."""
@@ -479,7 +594,7 @@ def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy):
 
 def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
                    temperature: float = 1.0, return_entropy: bool = False,
-                   chunk_size: int | None = None):
+                   chunk_size: int | None = None, group_size: int = 1):
     """log softmax(logits / temperature)[token t] given tokens[:, :t], for t in [S - C, S).
 
     Returns logp_BxC float32 (C = num_targets), or (logp_BxC, entropy_BxC) with
@@ -487,6 +602,12 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
     B * C * V exceeds 2^26 (or chunk_size is given) they are formed chunk_size positions at a
     time under jax.checkpoint, so one chunk's [B, c, V] float32 array is alive at once, in the
     backward pass too.
+
+    group_size G > 1: rows come in groups of G consecutive rows with the same prompt part
+    (tokens and mask of the first S - C positions), as GRPO's G answers to one prompt. Each
+    prompt then runs through the model once, not G times (`shared_prompt_hidden_states`): the
+    same log-probs with 1 - (P + G*C) / (G*S) fewer tokens in every projection (29% on W1).
+    The caller guarantees the shared prompts; they are not checked here (the first row's is used).
     """
     b, s = tokens_BxS.shape
     c = num_targets
@@ -494,11 +615,23 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
         raise ValueError(f"token_logprobs: num_targets must be in [1, S - 1] = [1, {s - 1}], got {c}")
     if not temperature > 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature!r}")
+    if not isinstance(group_size, int) or group_size < 1 or b % group_size:
+        raise ValueError(f"token_logprobs: group_size must be an int >= 1 dividing the {b} rows, got {group_size!r}")
     model = nnx.merge(graphdef, params)
-    h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
-                                     attention_mask_BxS)
-    # The hidden state at position t - 1 predicts token t.
-    h_BxCxD = h_BxSxD[:, s - c - 1 : s - 1]
+    if group_size == 1:
+        h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
+                                         attention_mask_BxS)
+        # The hidden state at position t - 1 predicts token t.
+        h_BxCxD = h_BxSxD[:, s - c - 1 : s - 1]
+    else:
+        n, g, p = b // group_size, group_size, s - c
+        tokens_NxGxS = tokens_BxS.reshape(n, g, s)
+        mask_NxGxS = attention_mask_BxS.reshape(n, g, s)
+        h_prompt_NxPxD, h_NxGxCxD = model.shared_prompt_hidden_states(
+            tokens_NxGxS[:, 0, :p], mask_NxGxS[:, 0, :p], tokens_NxGxS[:, :, p:], mask_NxGxS[:, :, p:])
+        # Completion token 0 is predicted by the prompt's last position, token t by completion t - 1.
+        last_prompt = jnp.broadcast_to(h_prompt_NxPxD[:, None, p - 1 :], (n, g, 1, h_NxGxCxD.shape[-1]))
+        h_BxCxD = jnp.concatenate([last_prompt, h_NxGxCxD[:, :, : c - 1]], axis=2).reshape(b, c, -1)
     targets_BxC = tokens_BxS[:, s - c :]
     v = model.config.vocab_size
     if chunk_size is None:

@@ -66,7 +66,7 @@ class SampleOutput:
 
 
 class DecodeState(NamedTuple):
-    caches: list[KVCache]          # per layer, [B, K, S, H]
+    caches: list[KVCache]          # per layer, keys [B, K, H, S], values [B, K, S, H]
     key_mask_BxS: jax.Array        # 1 where a slot may hold a real token (prompt pads are 0)
     logits_BxV: jax.Array          # float32 logits for the next token to sample
     positions_B: jax.Array         # RoPE position of the next sampled token
@@ -91,14 +91,21 @@ def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
     return tuple(range(seg, max_new_tokens, seg)) + (max_new_tokens,)
 
 
+def _pad_slots(x: jax.Array, axis: int, slots: int) -> jax.Array:
+    """`slots` zeros appended along the cache's slot axis."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, slots)
+    return jnp.pad(x, widths)
+
+
 def _grow(state: "DecodeState", slots: int) -> "DecodeState":
     """Appends `slots` empty cache slots (visible once written: the causal test hides the rest)."""
     if slots == 0:
         return state
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, slots), (0, 0)))  # noqa: E731
     b = state.key_mask_BxS.shape[0]
     return state._replace(
-        caches=[KVCache(pad(layer.k_BxKxSxH), pad(layer.v_BxKxSxH)) for layer in state.caches],
+        caches=[KVCache(_pad_slots(layer.k_BxKxHxS, 3, slots), _pad_slots(layer.v_BxKxSxH, 2, slots))
+                for layer in state.caches],
         key_mask_BxS=jnp.concatenate([state.key_mask_BxS, jnp.ones((b, slots), jnp.int32)], axis=1))
 
 
@@ -115,11 +122,8 @@ def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new
     # Left padding puts every prompt's last real token in slot P - 1.
     logits_NxV = model.logits(h_NxPxD[:, -1:])[:, 0]
 
-    def grow(x_NxKxPxH):
-        x = jnp.repeat(x_NxKxPxH, g, axis=0)
-        return jnp.pad(x, ((0, 0), (0, 0), (0, c), (0, 0)))
-
-    caches = [KVCache(grow(layer.k_BxKxSxH), grow(layer.v_BxKxSxH)) for layer in kv]
+    caches = [KVCache(_pad_slots(jnp.repeat(layer.k_BxKxHxS, g, axis=0), 3, c),
+                      _pad_slots(jnp.repeat(layer.v_BxKxSxH, g, axis=0), 2, c)) for layer in kv]
     mask_BxP = jnp.repeat(mask_NxP, g, axis=0).astype(jnp.int32)
     b = mask_BxP.shape[0]
     # Completion slots count as real; the causal slot test hides the ones not yet written.

@@ -146,11 +146,12 @@ jax.tree_util.register_dataclass(
 )
 
 
-def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float):
+def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
     """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
 
     Gradients of the A micro-batches are averaged inside one jitted call (lax.scan), so gradient
-    accumulation costs no extra dispatch or host sync.
+    accumulation costs no extra dispatch or host sync. group_size > 1: every micro-batch is whole
+    groups of that many rows sharing a prompt, each prompt run once (`token_logprobs`).
     """
 
     def loss_fn(params, mb: UpdateBatch):
@@ -163,6 +164,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             num_targets=num_targets,
             temperature=temperature,
             return_entropy=True,
+            group_size=group_size,
         )
         loss, metrics = losses.grpo_loss(
             logp,
@@ -218,14 +220,21 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     return jax.jit(update, donate_argnums=(0, 1))
 
 
-def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32):
-    """Jitted per-token log-probs of the completion part; params are upcast (bf16 reference)."""
+def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32, group_size: int = 1):
+    """Jitted per-token log-probs of the completion part; params are upcast (bf16 reference).
+    group_size > 1: rows are whole groups sharing a prompt, each prompt run once."""
 
     @functools.partial(jax.jit, static_argnames="num_targets")
     def logprobs(params, tokens, attention, num_targets):
         params = _as_dtype(params, compute_dtype)
         return model_lib.token_logprobs(
-            graphdef, params, tokens, attention, num_targets=num_targets, temperature=temperature
+            graphdef,
+            params,
+            tokens,
+            attention,
+            num_targets=num_targets,
+            temperature=temperature,
+            group_size=group_size,
         )
 
     return logprobs
@@ -311,6 +320,26 @@ def _concat_rollouts(parts: list[rollout_lib.Rollout], pad_id: int) -> dict[str,
         "logprobs": np.concatenate([rows(p.sample.logprobs_BxC) for p in parts]),
     }
     return out
+
+
+def _prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multiple: int) -> tuple[int, int]:
+    """Group sizes for the update's micro-batches and for the log-prob pass over all rows: G where
+    the rows are whole groups in order whose prompts split evenly over the devices (so each prompt
+    is run once per group), else 1 (every row runs its own copy of the prompt)."""
+    if not g_cfg.share_prompt_prefix:
+        return 1, 1
+    G = g_cfg.num_generations
+
+    def whole(rows, in_order=True):
+        return G if in_order and rows % G == 0 and (rows // G) % row_multiple == 0 else 1
+
+    # Minibatches draw rows in a random order (as TRL), which breaks groups up.
+    update_group = whole(rows_per_micro, in_order=g_cfg.num_minibatches == 1)
+    logprob_group = whole(g_cfg.prompts_per_step * G)
+    if update_group == 1:
+        log.info("update: each completion runs its own copy of the prompt (grpo.num_minibatches > 1, "
+                 "or micro-batches of %d rows are not whole groups over %d devices)", rows_per_micro, row_multiple)
+    return update_group, logprob_group
 
 
 def _select_groups(rollouts, group_size, num_groups, dynamic: bool):
@@ -443,10 +472,11 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         data_position = int(meta["data_position"])
         log.info("resumed from step %d (data position %d)", start_step, data_position)
 
+    update_group, logprob_group = _prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
-        make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature), mesh, params, opt_state
+        make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group), mesh, params, opt_state
     )
-    logprob_fn = make_logprob_fn(graphdef, s_cfg.temperature)
+    logprob_fn = make_logprob_fn(graphdef, s_cfg.temperature, group_size=logprob_group)
     writer = MetricsWriter(
         run_dir,
         total_steps=t_cfg.steps,

@@ -82,11 +82,14 @@ def grpo_step(graphdef, params, opt_state, tx, mesh, rollout_params=None):
     }
     if mesh is not None:  # the rows as global arrays split over ("data", "fsdp")
         rows = sharding.global_batch(mesh, rows, n)
-    logprob_fn = train.make_logprob_fn(graphdef, SAMPLING.temperature)
+    a = GRPO.grad_accum_steps
+    # Meshes take the trainer's choice (each prompt once per group where the groups split evenly
+    # over the devices); the one-device reference runs every row with its own prompt copy.
+    groups = (1, 1) if mesh is None else train._prompt_groups(GRPO, n // a, sharding.batch_size_multiple(mesh))
+    logprob_fn = train.make_logprob_fn(graphdef, SAMPLING.temperature, group_size=groups[1])
     # Reference = the initial policy (a separate tree; the update donates `params`).
     ref_params = jax.tree.map(jnp.copy, params)
     ref_logp = logprob_fn(ref_params, rows["tokens"], rows["attention"], c)
-    a = GRPO.grad_accum_steps
     batch = train.UpdateBatch(
         tokens=rows["tokens"], attention=rows["attention"], completion_mask=rows["completion_mask"],
         advantages=rows["advantages"], old_logp=rows["sampler_logp"], sampler_logp=rows["sampler_logp"],
@@ -94,7 +97,7 @@ def grpo_step(graphdef, params, opt_state, tx, mesh, rollout_params=None):
     batch = jax.tree.map(lambda x: jnp.reshape(x, (a, n // a) + x.shape[1:]), batch)
     if mesh is not None:  # [A, M, ...]: rows of each micro-batch over ("data", "fsdp")
         batch = jax.device_put(batch, sharding.batch_sharding(mesh, row_axis=1))
-    update = train.make_update_fn(graphdef, tx, GRPO, SAMPLING.temperature)
+    update = train.make_update_fn(graphdef, tx, GRPO, SAMPLING.temperature, group_size=groups[0])
     if mesh is not None:
         update = sharding.shard_update_fn(update, mesh, params, opt_state)
     metrics = []
@@ -102,7 +105,7 @@ def grpo_step(graphdef, params, opt_state, tx, mesh, rollout_params=None):
         params, opt_state, m = update(params, opt_state, batch)
         metrics.append({k: float(v) for k, v in m.items()})
     out = {"tokens": host["tokens_BxC"], "mask": host["mask_BxC"], "logprobs": host["logprobs_BxC"],
-           "rewards": rewards, "ref_logp": np.asarray(sharding.process_rows(ref_logp))}
+           "rewards": rewards, "ref_logp": np.asarray(sharding.process_rows(ref_logp)), "prompt_groups": groups}
     return params, opt_state, metrics, out
 
 
@@ -167,6 +170,7 @@ def main(argv=None) -> int:
             "rollout_logp_violation": _max_violation(out["logprobs"], out_ref["logprobs"], 1e-5, 1e-6),
             "ref_logp_violation": _max_violation(out["ref_logp"], out_ref["ref_logp"], 1e-5, 1e-6),
             "rewards": out["rewards"].tolist(),
+            "prompt_groups": list(out["prompt_groups"]),
             "metrics": m,
             "params_violation": _max_violation(p, p_ref, 1e-5, PARAM_ATOL),
             "opt_state_violation": _max_violation(o, o_ref, 1e-5, PARAM_ATOL),

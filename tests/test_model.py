@@ -227,3 +227,40 @@ def test_bfloat16_compute_stays_close_to_float32():
     assert b.dtype == jnp.float32
     np.testing.assert_allclose(a, b, atol=0.05)
     assert not np.allclose(a, b, atol=1e-6)  # bf16 really was used
+
+
+@pytest.mark.parametrize("extra", [dict(qkv_bias=True), dict(qk_norm=True)], ids=["qwen2", "qwen3"])
+def test_shared_prompt_logprobs_entropy_and_gradients_equal_per_row_prompts(extra):
+    # 3 prompts x G=4 answers: each prompt once (group_size=4) or copied into all 4 rows must give
+    # the same log-probs, entropies and gradients. Prompts are left padded by different amounts;
+    # two answers end early (EOS then padding, mask 0) as the sampler leaves them.
+    config = M.ModelConfig(**{**TINY, **extra})
+    graphdef, params = _split(config)
+    rng = np.random.default_rng(0)
+    n, g, p, c = 3, 4, 6, 5
+    prompt_mask = np.ones((n, p), np.int32)
+    prompt_mask[0, :2] = 0
+    prompt_mask[2, :5] = 0
+    prompts = rng.integers(3, 37, (n, p)) * prompt_mask
+    comp_mask = np.ones((n, g, c), np.int32)
+    comp_mask[0, 0, 1:] = 0
+    comp_mask[1, 2, 3:] = 0
+    answers = rng.integers(3, 37, (n, g, c)) * comp_mask
+    tokens = jnp.asarray(np.concatenate([np.repeat(prompts[:, None], g, 1), answers], -1).reshape(n * g, p + c))
+    mask = jnp.asarray(np.concatenate([np.repeat(prompt_mask[:, None], g, 1), comp_mask], -1).reshape(n * g, p + c))
+
+    def logprobs(prm, group_size):
+        return M.token_logprobs(graphdef, prm, tokens, mask, num_targets=c, temperature=0.9,
+                                return_entropy=True, group_size=group_size)
+
+    run = jax.jit(logprobs, static_argnums=1)
+    (lp_row, ent_row), (lp_shared, ent_shared) = run(params, 1), run(params, g)
+    np.testing.assert_allclose(lp_shared, lp_row, atol=1e-5)
+    np.testing.assert_allclose(ent_shared, ent_row, atol=1e-5)
+    weights = jnp.asarray(rng.normal(size=(n * g, c)) * comp_mask.reshape(n * g, c), jnp.float32)
+    grad = jax.jit(jax.grad(lambda prm, gs: (logprobs(prm, gs)[0] * weights).sum()), static_argnums=1)
+    grads_row, grads_shared = grad(params, 1), grad(params, g)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads_row), jax.tree.leaves(grads_shared)):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+    with pytest.raises(ValueError, match="group_size must be an int >= 1 dividing the 12 rows, got 5"):
+        M.token_logprobs(graphdef, params, tokens, mask, num_targets=c, group_size=5)

@@ -204,6 +204,9 @@ def test_grpo_step_on_a_2x2x2_mesh_matches_one_device_and_fsdp_divides_memory(tm
     result = _run_sharding_check(tmp_path, "--meshes", "2,2,2", "--memory")
     assert result["device_count"] == 8
     _assert_mesh_matches_reference(result, "2,2,2")
+    # On 2 x 2 rows: the reference pass runs each of the 4 prompts once for its group of 4 (one
+    # prompt per device); the update's micro-batches hold 2 prompts, too few to split, so rows.
+    assert result["meshes"]["2,2,2"]["prompt_groups"] == [1, 4]
 
     # Params + Adam mu + nu per device, fsdp = 1, 2, 4, 8 (data = 8 / fsdp), measured from the
     # arrays' shards: every device holds the same, and it is the table's arithmetic.
@@ -225,6 +228,8 @@ def test_grpo_step_on_every_mesh_matches_one_device(tmp_path):
     result = _run_sharding_check(tmp_path, "--meshes", *meshes, "--decode-variant", "2,2,2")
     for mesh in meshes:
         _assert_mesh_matches_reference(result, mesh)
+    # Tensor parallel only: the update and the reference pass both run each prompt once.
+    assert result["meshes"]["1,1,8"]["prompt_groups"] == [4, 4]
     # Rolling out with the decode layout (weights whole along fsdp) changes nothing either.
     entry = result["meshes"]["2,2,2"]
     assert entry["decode_specs_ok"] and entry["decode_tokens_equal"]

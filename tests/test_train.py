@@ -233,3 +233,33 @@ def test_bad_mesh_for_the_batch_is_a_config_error(tmp_path):
     cfg = dataclasses.replace(tiny_config(tmp_path), mesh=MeshSection(data=3))
     with pytest.raises((ConfigError, ValueError), match="mesh"):
         train.run(cfg, task=SevensTask())
+
+
+def test_prompt_groups_share_only_whole_in_order_groups():
+    g = GRPOSection(prompts_per_step=4, num_generations=4)
+    assert train._prompt_groups(g, rows_per_micro=16, row_multiple=1) == (4, 4)
+    assert train._prompt_groups(g, rows_per_micro=8, row_multiple=2) == (4, 4)  # 2 prompts, 1 per device
+    assert train._prompt_groups(g, rows_per_micro=8, row_multiple=4) == (1, 4)  # 2 prompts over 4 devices
+    assert train._prompt_groups(g, rows_per_micro=16, row_multiple=8) == (1, 1)  # 4 prompts over 8
+    assert train._prompt_groups(g, rows_per_micro=2, row_multiple=1) == (1, 4)  # half a group per micro-batch
+    shuffled = dataclasses.replace(g, num_minibatches=2)
+    assert train._prompt_groups(shuffled, rows_per_micro=8, row_multiple=1) == (1, 4)
+    off = dataclasses.replace(g, share_prompt_prefix=False)
+    assert train._prompt_groups(off, rows_per_micro=16, row_multiple=1) == (1, 1)
+
+
+def test_shared_prompt_run_matches_per_row_prompt_run(tmp_path):
+    # The same 3 steps with each prompt run once per group (reference and update) and with every
+    # row carrying its own copy: equal losses, KL, gradient norms and final weights.
+    results = {}
+    for share in (True, False):
+        cfg = tiny_config(tmp_path / str(share))
+        cfg = dataclasses.replace(
+            cfg, grpo=dataclasses.replace(cfg.grpo, num_minibatches=1, share_prompt_prefix=share),
+            train=dataclasses.replace(cfg.train, steps=3, checkpoint_every=0))
+        results[share] = train.run(cfg, task=SevensTask())
+    for a, b in zip(results[True].history, results[False].history):
+        for key in ("loss", "kl", "grad_norm", "reward", "entropy"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    for x, y in zip(jax.tree.leaves(results[True].params), jax.tree.leaves(results[False].params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
