@@ -199,13 +199,34 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
     return jnp.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+class Rope(NamedTuple):
+    """cos and sin of position * inv_freq, [B, T, 1, H/2] (compute dtype), shared by every layer."""
+
+    cos: jax.Array
+    sin: jax.Array
+
+
+def rope_tables(positions_BxT: jax.Array, inv_freq: jax.Array, dtype, max_position: int | None = None) -> Rope:
+    """The RoPE angles' cos and sin for every (row, token), computed once per forward.
+
+    With max_position (positions are known to be < it), cos and sin are evaluated on the
+    [max_position, H/2] grid and looked up: XLA's CPU backend fuses these tables into each layer's
+    rotation and recomputes them per element of q and k (forward and backward), and a lookup is
+    much cheaper to recompute than a sine (benchmarks/NOTES.md). Decode (T = 1) computes directly.
+    """
+    if max_position is None:
+        angles_BxTxh = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+        cos, sin = jnp.cos(angles_BxTxh), jnp.sin(angles_BxTxh)
+    else:
+        angles_Mxh = jnp.arange(max_position, dtype=jnp.float32)[:, None] * inv_freq
+        cos, sin = jnp.cos(angles_Mxh)[positions_BxT], jnp.sin(angles_Mxh)[positions_BxT]
+    return Rope(cos[:, :, None, :].astype(dtype), sin[:, :, None, :].astype(dtype))
+
+
+def apply_rope(x_BxTxNxH: jax.Array, rope: Rope) -> jax.Array:
     """Rotates pairs (i, i + H/2) by angle position * inv_freq[i] (HF rotate_half convention)."""
-    angles_BxTxh = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
-    cos = jnp.cos(angles_BxTxh)[:, :, None, :].astype(x_BxTxNxH.dtype)
-    sin = jnp.sin(angles_BxTxh)[:, :, None, :].astype(x_BxTxNxH.dtype)
     x1, x2 = jnp.split(x_BxTxNxH, 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return jnp.concatenate([x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin], axis=-1)
 
 
 @jax.custom_vjp
@@ -232,15 +253,41 @@ def _dense_bwd(res, dy_BxTxF):
     # as plain row-major [M, K] x [K, N] matmuls; the transposed copy is of the smaller operand.
     dy_NxF = barrier(dy_BxTxF.reshape(-1, f).astype(x_BxTxD.dtype))
     x_NxD = x_BxTxD.reshape(-1, d)
-    dx_NxD = jnp.dot(dy_NxF, barrier(w_DxF.T.astype(dy_NxF.dtype)))
+    dx_NxD = jax.lax.dot_general(dy_NxF, w_DxF.astype(dy_NxF.dtype), (((1,), (1,)), ((), ())))
     if d <= f:
         dw = jnp.dot(barrier(x_NxD.T), dy_NxF, preferred_element_type=jnp.float32)
-    else:
-        dw = jnp.dot(barrier(dy_NxF.T), x_NxD, preferred_element_type=jnp.float32).T
+    else:  # [N, D] x [N, F] contracting N: as fast as it gets here when D > F (measured)
+        dw = jax.lax.dot_general(x_NxD, dy_NxF, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     return dx_NxD.reshape(x_BxTxD.shape).astype(x_BxTxD.dtype), dw.astype(w_DxF.dtype)
 
 
 dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def swiglu(gate_up_BxTx2F: jax.Array) -> jax.Array:
+    """silu(gate) * up from the fused [..., 2F] projection (gate first): [B, T, F].
+
+    The backward writes d(gate | up) as one [..., 2F] array with the sigmoid computed once;
+    differentiated as two slices, XLA formed each half's padded gradient and added them.
+    """
+    gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
+    return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate_up_BxTx2F):
+    return swiglu(gate_up_BxTx2F), gate_up_BxTx2F
+
+
+def _swiglu_bwd(gate_up_BxTx2F, dh_BxTxF):
+    gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
+    sig = jax.nn.sigmoid(gate)
+    # d silu(a) / da = s + a s (1 - s) = s (1 + a (1 - s))
+    d_gate = dh_BxTxF * up * sig * (1 + gate * (1 - sig))
+    return (jnp.concatenate([d_gate, dh_BxTxF * gate * sig], axis=-1),)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class KVCache(NamedTuple):
@@ -340,7 +387,7 @@ class Attention(nnx.Module):
             self.q_norm = _param("q_norm", jnp.ones((c.head_dim,), pd))
             self.k_norm = _param("k_norm", jnp.ones((c.head_dim,), pd))
 
-    def _qkv(self, x_BxTxD, positions_BxT, inv_freq):
+    def _qkv(self, x_BxTxD, rope: Rope):
         """Queries [B, T, N, H] and keys, values [B, T, K, H] (compute dtype), RoPE applied."""
         c = self.config
         dt = _DTYPES[c.dtype]
@@ -370,12 +417,11 @@ class Attention(nnx.Module):
         if c.qk_norm:  # Qwen3: RMSNorm over head_dim before RoPE
             q = rms_norm(q, self.q_norm[...], c.rms_norm_eps)
             k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
-        q = apply_rope(q, positions_BxT, inv_freq)
-        k = apply_rope(k, positions_BxT, inv_freq)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
         return q, k, v
 
-    def shared_prompt(self, x_NxLxD, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC,
-                      inv_freq) -> jax.Array:
+    def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC) -> jax.Array:
         """Attention for N sequences laid out as one prompt then its G completions, L = P + G*C.
 
         Same results as running the N*G rows [prompt, completion] through `__call__`, with the
@@ -385,7 +431,7 @@ class Attention(nnx.Module):
         n, p = prompt_mask_NxP.shape
         _, g, cl = completion_mask_NxGxC.shape
         kv, r, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        q, k, v = self._qkv(x_NxLxD, positions_NxL, inv_freq)
+        q, k, v = self._qkv(x_NxLxD, rope)
         k_prompt, v_prompt = k[:, :p].transpose(0, 2, 3, 1), v[:, :p].transpose(0, 2, 1, 3)
         visible_NxPxP = (prompt_mask_NxP[:, None, :] > 0) & (jnp.arange(p)[None, :] <= jnp.arange(p)[:, None])[None]
         out_prompt = _attend(q[:, :p], k_prompt, v_prompt, visible_NxPxP)  # [N, K, R, P, H]
@@ -397,7 +443,7 @@ class Attention(nnx.Module):
         w_o = self.o_proj[...].astype(_DTYPES[c.dtype]).reshape(c.num_heads * hd, c.hidden_size)
         return dense(out_NxLxNH, w_o)
 
-    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache: KVCache | None,
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache: KVCache | None,
                  write_index) -> tuple[jax.Array, KVCache]:
         """Attention of T queries at cache slots write_index + [0, T) over S key slots.
 
@@ -411,7 +457,7 @@ class Attention(nnx.Module):
         dt = _DTYPES[c.dtype]
         b, t = x_BxTxD.shape[:2]
         n, hd = c.num_heads, c.head_dim
-        q, k, v = self._qkv(x_BxTxD, positions_BxT, inv_freq)
+        q, k, v = self._qkv(x_BxTxD, rope)
         k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         if cache is None:
             cache = KVCache(k_BxKxHxT, v_BxKxTxH)
@@ -453,15 +499,10 @@ class MLP(nnx.Module):
         if x.shape[1] == 1:  # decode: no per-step weight concatenation (see Attention)
             gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
             up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
-        else:  # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
-            w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
-            gate_up = dense(x, w_gate_up)
-            f = self.config.intermediate_size
-            gate, up = gate_up[..., :f], gate_up[..., f:]
-        hidden_BxTxF = jax.nn.silu(gate) * up
-        if x.shape[1] == 1:
-            return jnp.einsum("btf,fd->btd", hidden_BxTxF, self.down_proj[...].astype(dt))
-        return dense(hidden_BxTxF, self.down_proj[...].astype(dt))
+            return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+        # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
+        w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
+        return dense(swiglu(dense(x, w_gate_up)), self.down_proj[...].astype(dt))
 
 
 class Block(nnx.Module):
@@ -473,19 +514,19 @@ class Block(nnx.Module):
         self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
         self.mlp = MLP(config, normals)
 
-    def __call__(self, x_BxTxD, positions_BxT, key_mask_BxS, inv_freq, cache, write_index):
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index):
         eps = self.config.rms_norm_eps
-        attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), positions_BxT,
-                                    key_mask_BxS, inv_freq, cache, write_index)
+        attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), rope, key_mask_BxS, cache,
+                                    write_index)
         x = x_BxTxD + attn_out
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
 
 
-    def shared_prompt(self, x_NxLxD, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC, inv_freq):
+    def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC):
         """`__call__` for the one-prompt-then-G-completions layout (Attention.shared_prompt)."""
         eps = self.config.rms_norm_eps
-        x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), positions_NxL,
-                                              prompt_mask_NxP, completion_mask_NxGxC, inv_freq)
+        x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), rope,
+                                              prompt_mask_NxP, completion_mask_NxGxC)
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
 
 
@@ -524,11 +565,12 @@ class Transformer(nnx.Module):
         """
         c = self.config
         x = self.embed[...][tokens_BxT].astype(_DTYPES[c.dtype])
-        inv_freq = rope_inv_freq(c)
+        # Without a cache, positions (cumsum of the mask) stay below T.
+        rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype,
+                           max_position=tokens_BxT.shape[1] if caches is None else None)
         new_caches = []
         for i, layer in enumerate(self.layers):
-            x, cache = layer(x, positions_BxT, key_mask_BxS, inv_freq,
-                             None if caches is None else caches[i], write_index)
+            x, cache = layer(x, rope, key_mask_BxS, None if caches is None else caches[i], write_index)
             new_caches.append(cache)
         return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
 
@@ -545,9 +587,9 @@ class Transformer(nnx.Module):
         positions_NxL = jnp.concatenate([prompt_pos_NxP, jnp.maximum(comp_pos, 0).reshape(n, g * cl)], axis=1)
         tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
         x = self.embed[...][tokens_NxL].astype(_DTYPES[c.dtype])
-        inv_freq = rope_inv_freq(c)
+        rope = rope_tables(positions_NxL, rope_inv_freq(c), x.dtype, max_position=p + cl)
         for layer in self.layers:
-            x = layer.shared_prompt(x, positions_NxL, prompt_mask_NxP, completion_mask_NxGxC, inv_freq)
+            x = layer.shared_prompt(x, rope, prompt_mask_NxP, completion_mask_NxGxC)
         h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         return h[:, :p], h[:, p:].reshape(n, g, cl, -1)
 
@@ -557,6 +599,8 @@ class Transformer(nnx.Module):
         if self.config.tie_embeddings:
             return jnp.einsum("btd,vd->btv", h_BxTxD.astype(dt), self.embed[...].astype(dt),
                               preferred_element_type=jnp.float32)
+        if dt == jnp.float32:  # `dense`'s backward layout (its output dtype is its input's)
+            return dense(h_BxTxD.astype(dt), self.lm_head[...].astype(dt))
         return jnp.einsum("btd,dv->btv", h_BxTxD.astype(dt), self.lm_head[...].astype(dt),
                           preferred_element_type=jnp.float32)
 
