@@ -276,12 +276,14 @@ def swiglu(gate_up_BxTx2F: jax.Array) -> jax.Array:
 
 
 def _swiglu_fwd(gate_up_BxTx2F):
-    return swiglu(gate_up_BxTx2F), gate_up_BxTx2F
-
-
-def _swiglu_bwd(gate_up_BxTx2F, dh_BxTxF):
     gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
     sig = jax.nn.sigmoid(gate)
+    # The sigmoid is kept for the backward (one exp per element in all, not two).
+    return gate * sig * up, (gate, up, sig)
+
+
+def _swiglu_bwd(res, dh_BxTxF):
+    gate, up, sig = res
     # d silu(a) / da = s + a s (1 - s) = s (1 + a (1 - s))
     d_gate = dh_BxTxF * up * sig * (1 + gate * (1 - sig))
     return (jnp.concatenate([d_gate, dh_BxTxF * gate * sig], axis=-1),)
@@ -628,12 +630,19 @@ _MAX_LOGITS_ELEMENTS = 1 << 26
 
 
 def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy):
-    logp_BxCxV = jax.nn.log_softmax(logits_BxCxV.astype(jnp.float32) / temperature, axis=-1)
-    logp_BxC = jnp.take_along_axis(logp_BxCxV, targets_BxC[..., None], axis=-1)[..., 0]
+    """log softmax(logits / T)[target] and (optionally) the entropy, without a [B, C, V] log-prob
+    array: the target's logit is picked by a one-hot mask (its gradient is the mask again,
+    elementwise; `take_along_axis` differentiates into a scatter)."""
+    scaled = logits_BxCxV.astype(jnp.float32) / temperature
+    shifted = scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))
+    lse_BxC = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    is_target = jnp.arange(scaled.shape[-1], dtype=jnp.int32) == targets_BxC[..., None]
+    logp_BxC = jnp.sum(jnp.where(is_target, shifted, 0.0), axis=-1) - lse_BxC
     if not return_entropy:
         return logp_BxC, None
-    # Seed, "Entropy": H = -sum_v pi(v|.) log pi(v|.)
-    return logp_BxC, -jnp.sum(jnp.exp(logp_BxCxV) * logp_BxCxV, axis=-1)
+    # Seed, "Entropy": H = -sum_v p_v log p_v = lse - sum_v p_v * shifted_v (log p_v = shifted_v - lse).
+    probs = jnp.exp(shifted - lse_BxC[..., None])
+    return logp_BxC, lse_BxC - jnp.sum(probs * shifted, axis=-1)
 
 
 def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
