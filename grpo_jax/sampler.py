@@ -247,6 +247,14 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     return state
 
 
+def _decode_compiler_options() -> dict | None:
+    """XLA options for the decode loop. On a CPU: no YNNPACK fusions. Decode multiplies a few rows
+    by each weight matrix, and the YNNPACK kernels (fast for the update's large matmuls) spend
+    more on each call's setup than on the arithmetic there: W1's rollout 0.61-0.68 s -> 0.55-0.60
+    s (benchmarks/NOTES.md)."""
+    return {"xla_cpu_experimental_ynn_fusion_type": ""} if jax.default_backend() == "cpu" else None
+
+
 def bucket_length(length: int, buckets: tuple[int, ...]) -> int:
     """Smallest bucket >= length."""
     for b in sorted(buckets):
@@ -322,7 +330,8 @@ class Sampler:
             # One segment: the prefill's cache is updated in place (donated, aliased by the output).
             # Several: each segment's larger cache is new memory, so donating would only warn.
             donate = (1,) if len(ends) == 1 else ()
-            self._compiled[key] = (jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=donate))
+            self._compiled[key] = (jax.jit(prefill_fn),
+                                   jax.jit(decode_fn, donate_argnums=donate, compiler_options=_decode_compiler_options()))
         return self._compiled[key]
 
     def __call__(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
