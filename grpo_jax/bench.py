@@ -148,17 +148,23 @@ class StepFlops:
 
 
 def grpo_step_flops(c: ModelConfig, *, num_prompts: int, group: int, prompt_len: int, new_tokens: int,
-                    with_reference: bool = True) -> StepFlops:
-    """FLOPs of one GRPO step as grpo_jax runs it (see the module docstring for the convention).
+                    with_reference: bool = True, shared_prompt: bool = False) -> StepFlops:
+    """FLOPs of one GRPO step (see the module docstring for the convention).
 
     Rollout: the N prompts are prefilled once (logits only at the last slot), then each of the
     B = N * G rows decodes `new_tokens` steps over a cache of S = P + C slots (each step multiplies
-    all S slots). Reference and policy: B rows of P + C tokens, logits at the C target positions.
+    all S slots). Reference and policy: B rows of P + C tokens, logits at the C target positions
+    (the workload as every trainer states it); with shared_prompt, as grpo_jax runs it by default
+    (grpo.share_prompt_prefix): the N prompts once, and the B completions over P + C keys each.
     """
     b, s = num_prompts * group, prompt_len + new_tokens
     prefill = forward_flops(c, batch=num_prompts, queries=prompt_len, keys=prompt_len, logit_positions=1)
     decode = new_tokens * forward_flops(c, batch=b, queries=1, keys=s, logit_positions=1)
-    full = forward_flops(c, batch=b, queries=s, keys=s, logit_positions=new_tokens)
+    if shared_prompt:
+        full = forward_flops(c, batch=num_prompts, queries=prompt_len, keys=prompt_len, logit_positions=0) + \
+            forward_flops(c, batch=b, queries=new_tokens, keys=s, logit_positions=new_tokens)
+    else:
+        full = forward_flops(c, batch=b, queries=s, keys=s, logit_positions=new_tokens)
     return StepFlops(rollout=prefill + decode, reference=full if with_reference else 0, policy=3 * full)
 
 

@@ -71,6 +71,14 @@ def test_w1_step_flops_by_hand():
     assert f.total == 96_336_871_424  # ~96 GFLOP (the issue's 101 counts the rollout as full forwards)
     no_ref = bench.grpo_step_flops(W1, num_prompts=4, group=8, prompt_len=32, new_tokens=64, with_reference=False)
     assert no_ref.reference == 0 and no_ref.total == f.total - f.reference
+    # Each prompt once per group (what grpo_jax runs): the 4 prompts' 32 tokens attend over 32 keys,
+    # then 32 rows x 64 completion tokens attend over 96 keys, logits at the 64:
+    #   prompts 2*4*32*2,949,120 + 4 layers*4*4*4*64*32*32 = 754,974,720 + 16,777,216
+    #   completions 2*32*64*2,949,120 + 4*32*4*4*64*64*96 + 2*32*64*262,144
+    #             = 12,079,595,520 + 805,306,368 + 1,073,741,824
+    shared = bench.grpo_step_flops(W1, num_prompts=4, group=8, prompt_len=32, new_tokens=64, shared_prompt=True)
+    assert shared.reference == 14_730_395_648  # 28% less than per-row prompts
+    assert shared.policy == 3 * shared.reference and shared.rollout == f.rollout
 
 
 def test_fit_exponent_recovers_a_power_law():
