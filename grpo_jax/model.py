@@ -233,10 +233,11 @@ def apply_rope(x_BxTxNxH: jax.Array, rope: Rope) -> jax.Array:
 def dense(x_BxTxD: jax.Array, w_DxF: jax.Array) -> jax.Array:
     """x_BxTxD @ w_DxF -> [B, T, F], with a backward pass laid out for XLA's CPU matmul kernels.
 
-    The weight gradient x^T @ dy is formed from an explicit transposed copy of x (the smaller
-    operand, [D, B*T]) behind an optimization barrier, so it runs as a plain [D, BT] x [BT, F]
-    matmul. Left to itself XLA kept x and transposed dy instead, fused with the elementwise
-    backward of SwiGLU into slow strided loops (benchmarks/NOTES.md).
+    dy is materialised once. The input gradient is dy @ w^T contracting both minor axes (no copy
+    of w). The weight gradient x^T @ dy uses an explicit transposed copy of x when D <= F (a plain
+    [D, BT] x [BT, F] matmul), else contracts the row axis of x and dy directly: the fastest of
+    the layouts measured on W1's shapes. Left to itself XLA transposed dy (the larger operand),
+    fused with the elementwise backward of SwiGLU into slow strided loops (benchmarks/NOTES.md).
     """
     return jnp.einsum("btd,df->btf", x_BxTxD, w_DxF)
 
@@ -249,8 +250,7 @@ def _dense_bwd(res, dy_BxTxF):
     x_BxTxD, w_DxF = res
     d, f = w_DxF.shape
     barrier = jax.lax.optimization_barrier
-    # dy materialised once (not recomputed inside each matmul that reads it), both products
-    # as plain row-major [M, K] x [K, N] matmuls; the transposed copy is of the smaller operand.
+    # dy materialised once (not recomputed inside each matmul that reads it).
     dy_NxF = barrier(dy_BxTxF.reshape(-1, f).astype(x_BxTxD.dtype))
     x_NxD = x_BxTxD.reshape(-1, d)
     dx_NxD = jax.lax.dot_general(dy_NxF, w_DxF.astype(dy_NxF.dtype), (((1,), (1,)), ((), ())))
@@ -364,13 +364,17 @@ def _attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPx
     e_cc = jnp.exp(s_cc - m.reshape(n * g, kv, r, c)[..., None])
     denom = jnp.sum(e_cp, axis=-1).reshape(n, kv, r, g, c).transpose(0, 3, 1, 2, 4) + jnp.sum(
         e_cc, axis=-1).reshape(n, g, kv, r, c)
-    out_cp = jax.lax.dot_general(e_cp.astype(dt), v_prompt_NxKxPxH, (((3,), (2,)), batch))
-    out_cc = jax.lax.dot_general(e_cc.astype(dt).reshape(n * g, kv, r * c, c), v_cc, (((3,), (2,)), batch))
+    # Accumulated and normalised in float32 (then cast), so a bfloat16 model loses no more than
+    # the per-row path's one rounding of the normalised probabilities.
+    f32 = jnp.float32
+    out_cp = jax.lax.dot_general(e_cp.astype(dt), v_prompt_NxKxPxH, (((3,), (2,)), batch), preferred_element_type=f32)
+    out_cc = jax.lax.dot_general(e_cc.astype(dt).reshape(n * g, kv, r * c, c), v_cc, (((3,), (2,)), batch),
+                                 preferred_element_type=f32)
     # Both to [N, G, C, K, R, H], normalised once.
     out = (out_cp.reshape(n, kv, r, g, c, hd).transpose(0, 3, 4, 1, 2, 5)
            + out_cc.reshape(n, g, kv, r, c, hd).transpose(0, 1, 4, 2, 3, 5))
     inv_denom = (1.0 / denom).transpose(0, 1, 4, 2, 3)[..., None]  # [N, G, C, K, R, 1]
-    return (out * inv_denom.astype(dt)).reshape(n, g, c, kv * r * hd)
+    return (out * inv_denom).astype(dt).reshape(n, g, c, kv * r * hd)
 
 
 class Attention(nnx.Module):
@@ -450,7 +454,7 @@ class Attention(nnx.Module):
         """Attention of T queries at cache slots write_index + [0, T) over S key slots.
 
         cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
-        returned KVCache holds them ([B, K, T, H]). Otherwise this step's k/v are written into the cache at
+        returned KVCache holds them (keys [B, K, H, T], values [B, K, T, H]). Otherwise this step's k/v are written into the cache at
         write_index (dynamic_update_slice) and the updated cache is returned.
         key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
         key_mask[b, s] and s <= q (causal).
@@ -553,23 +557,25 @@ class Transformer(nnx.Module):
         """Logits [B, T, V] float32. No mask: causal over all T tokens, positions 0..T-1."""
         if attention_mask_BxT is None:
             attention_mask_BxT = jnp.ones(tokens_BxT.shape, jnp.int32)
+        max_position = None  # caller's positions: any values, computed directly
         if positions_BxT is None:
-            positions_BxT = default_positions(attention_mask_BxT)
-        h_BxTxD, _ = self.hidden_states(tokens_BxT, positions_BxT, attention_mask_BxT)
+            positions_BxT, max_position = default_positions(attention_mask_BxT), tokens_BxT.shape[1]
+        h_BxTxD, _ = self.hidden_states(tokens_BxT, positions_BxT, attention_mask_BxT, max_position=max_position)
         return self.logits(h_BxTxD)
 
-    def hidden_states(self, tokens_BxT, positions_BxT, key_mask_BxS, caches=None, write_index=0):
+    def hidden_states(self, tokens_BxT, positions_BxT, key_mask_BxS, caches=None, write_index=0,
+                      max_position: int | None = None):
         """Final-normed hidden states [B, T, D] (compute dtype) and one KVCache per layer.
 
         caches None: S = T, the tokens attend to themselves (causal, key_mask = attention mask),
-        and the returned caches hold their keys [B, K, H, T] and values [B, K, T, H]. Otherwise the tokens occupy
-        slots write_index + [0, T) of the given caches (decode) and the updated caches return.
+        and the returned caches hold their keys [B, K, H, T] and values [B, K, T, H]. Otherwise the
+        tokens occupy slots write_index + [0, T) of the given caches (decode) and the updated caches
+        return. max_position: a bound the caller guarantees on every position (0 <= p < it), which
+        lets RoPE use a lookup table (`rope_tables`); positions from `default_positions` stay below T.
         """
         c = self.config
         x = self.embed[...][tokens_BxT].astype(_DTYPES[c.dtype])
-        # Without a cache, positions (cumsum of the mask) stay below T.
-        rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype,
-                           max_position=tokens_BxT.shape[1] if caches is None else None)
+        rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype, max_position=max_position)
         new_caches = []
         for i, layer in enumerate(self.layers):
             x, cache = layer(x, rope, key_mask_BxS, None if caches is None else caches[i], write_index)
@@ -672,8 +678,8 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
         raise ValueError(f"token_logprobs: group_size must be an int >= 1 dividing the {b} rows, got {group_size!r}")
     model = nnx.merge(graphdef, params)
     if group_size == 1:
-        h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
-                                         attention_mask_BxS)
+        h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS), attention_mask_BxS,
+                                         max_position=s)
         # The hidden state at position t - 1 predicts token t.
         h_BxCxD = h_BxSxD[:, s - c - 1 : s - 1]
     else:

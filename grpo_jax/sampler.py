@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -118,7 +119,8 @@ def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new
     """
     model = nnx.merge(graphdef, params)
     g, c = num_samples, cache_tokens or max_new_tokens
-    h_NxPxD, kv = model.hidden_states(tokens_NxP, default_positions(mask_NxP), mask_NxP)
+    p = tokens_NxP.shape[1]
+    h_NxPxD, kv = model.hidden_states(tokens_NxP, default_positions(mask_NxP), mask_NxP, max_position=p)
     # Left padding puts every prompt's last real token in slot P - 1.
     logits_NxV = model.logits(h_NxPxD[:, -1:])[:, 0]
 
@@ -247,12 +249,21 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     return state
 
 
+@functools.cache
 def _decode_compiler_options() -> dict | None:
     """XLA options for the decode loop. On a CPU: no YNNPACK fusions. Decode multiplies a few rows
     by each weight matrix, and the YNNPACK kernels (fast for the update's large matmuls) spend
     more on each call's setup than on the arithmetic there: W1's rollout 0.61-0.68 s -> 0.55-0.60
-    s (benchmarks/NOTES.md)."""
-    return {"xla_cpu_experimental_ynn_fusion_type": ""} if jax.default_backend() == "cpu" else None
+    s (benchmarks/NOTES.md). The option is experimental: a jaxlib that does not know it gets None
+    (checked once on a tiny program) instead of a decode that fails to compile."""
+    if jax.default_backend() != "cpu":
+        return None
+    options = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=options).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - any rejection means: compile without it
+        return None
+    return options
 
 
 def bucket_length(length: int, buckets: tuple[int, ...]) -> int:

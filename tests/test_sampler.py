@@ -244,6 +244,8 @@ def test_threads_split_the_prompts_and_sample_the_same(model):
     for threads in (1, 2, 4):
         sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=threads)
         outs[threads] = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
+        # One compiled program, for parts of 4 / threads prompts each: the split did happen.
+        assert sampler.num_traces == 1 and list(sampler._compiled)[0][1] == 4 // threads
     assert outs[1].tokens_BxC.shape == (12, 5)
     for threads in (2, 4):
         for field in ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B"):
@@ -253,6 +255,8 @@ def test_threads_split_the_prompts_and_sample_the_same(model):
                                    atol=1e-5)
     # Rows of one prompt differ (distinct keys), and a different key gives different samples.
     assert len({tuple(r) for r in np.asarray(outs[1].tokens_BxC)[:3]}) > 1
+    other = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(6))
+    assert not np.array_equal(np.asarray(other.tokens_BxC), np.asarray(outs[1].tokens_BxC))
     # 3 prompts over 2 threads: no equal split, so one part (no second compiled shape).
     odd = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=2)
     odd(params, prompts[:3], num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(5))
