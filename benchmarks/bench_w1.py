@@ -62,16 +62,9 @@ def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int =
                                qkv_bias=m.qkv_bias)
     flops = bench.grpo_step_flops(model_config, num_prompts=prompts_per_step, group=num_generations,
                                   prompt_len=bench.W1_PROMPT_LEN, new_tokens=max_new_tokens)
-    # What runs: each prompt once per group in the passes where the trainer chose that (by default
-    # both the reference and the update pass on one device).
-    g = config.grpo
-    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
-    update_group, logprob_group = train._prompt_groups(g, rows_per_micro, len(jax.devices()))
-    shared = bench.grpo_step_flops(model_config, num_prompts=prompts_per_step, group=num_generations,
-                                   prompt_len=bench.W1_PROMPT_LEN, new_tokens=max_new_tokens, shared_prompt=True)
-    executed = bench.StepFlops(rollout=flops.rollout,
-                               reference=shared.reference if logprob_group > 1 else flops.reference,
-                               policy=shared.policy if update_group > 1 else flops.policy)
+    # What runs: each prompt once per group where the trainer chose that (on one device: both passes).
+    executed = bench.executed_step_flops(config, model_config, prompt_len=bench.W1_PROMPT_LEN,
+                                         num_devices=len(jax.devices()))
     step_s = summary["time/step"]
     tokens = prompts_per_step * num_generations * max_new_tokens
     rewards = task.reward_seconds[first - 1:steps]

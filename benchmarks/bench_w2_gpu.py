@@ -81,7 +81,8 @@ def main():
                      num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                      qkv_bias=model.qkv_bias, tie_embeddings=model.tie_embeddings)
     p = bench.W1_PROMPT_LEN
-    flops = bench.grpo_step_flops(mc, num_prompts=n, group=g, prompt_len=p, new_tokens=c)
+    # Counted as run: each prompt once per group where the trainer does that (the update's MFU).
+    flops = bench.executed_step_flops(config, mc, prompt_len=p, num_devices=len(jax.devices()))
     b = n * g
     layers, head = bench.matmul_params(mc)
     weight_bytes = 2 * (layers + head + (0 if mc.tie_embeddings else mc.vocab_size * mc.hidden_size))

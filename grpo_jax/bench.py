@@ -25,6 +25,7 @@ import numpy as np
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
+from grpo_jax import train
 from grpo_jax.model import ModelConfig
 from grpo_jax.rewards import extract_boxed, normalize_answer
 from grpo_jax.rewards.math_verify import fast_number
@@ -166,6 +167,20 @@ def grpo_step_flops(c: ModelConfig, *, num_prompts: int, group: int, prompt_len:
     else:
         full = forward_flops(c, batch=b, queries=s, keys=s, logit_positions=new_tokens)
     return StepFlops(rollout=prefill + decode, reference=full if with_reference else 0, policy=3 * full)
+
+
+def executed_step_flops(config: Config, c: ModelConfig, *, prompt_len: int, num_devices: int) -> StepFlops:
+    """`grpo_step_flops` of what the trainer runs under `config`: each prompt once per group in the
+    reference and update passes where it chooses that (`train._prompt_groups`)."""
+    g = config.grpo
+    kw = dict(num_prompts=g.prompts_per_step, group=g.num_generations, prompt_len=prompt_len,
+              new_tokens=config.sampling.max_new_tokens, with_reference=g.beta > 0)
+    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
+    update_group, logprob_group = train._prompt_groups(g, rows_per_micro, num_devices)
+    per_row, shared = grpo_step_flops(c, **kw), grpo_step_flops(c, **kw, shared_prompt=True)
+    return StepFlops(rollout=per_row.rollout,
+                     reference=(shared if logprob_group > 1 else per_row).reference,
+                     policy=(shared if update_group > 1 else per_row).policy)
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:

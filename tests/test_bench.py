@@ -1,5 +1,6 @@
 """grpo_jax.bench: the W1 task and reward, FLOP counts from shapes, the summaries the scripts print."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -129,3 +130,17 @@ def test_dense_custom_vjp_matches_the_plain_matmul_gradient(d, f):
     for g_ours, g_plain in zip(ours[1], plain[1]):
         assert g_ours.shape == g_plain.shape
         np.testing.assert_allclose(g_ours, g_plain, rtol=1e-5, atol=1e-6)
+
+
+def test_executed_flops_follow_the_trainers_prompt_sharing():
+    # W1 on one device: both passes run each prompt once per group. With minibatches the update's
+    # rows are shuffled (per-row prompts) and only the reference pass shares; switched off, neither.
+    cfg = bench.w1_config("/tmp/unused")
+    shared = bench.grpo_step_flops(W1, num_prompts=4, group=8, prompt_len=32, new_tokens=64, shared_prompt=True)
+    per_row = bench.grpo_step_flops(W1, num_prompts=4, group=8, prompt_len=32, new_tokens=64)
+    assert bench.executed_step_flops(cfg, W1, prompt_len=32, num_devices=1) == shared
+    minibatched = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, num_minibatches=2))
+    got = bench.executed_step_flops(minibatched, W1, prompt_len=32, num_devices=1)
+    assert (got.reference, got.policy) == (shared.reference, per_row.policy)
+    off = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, share_prompt_prefix=False))
+    assert bench.executed_step_flops(off, W1, prompt_len=32, num_devices=1) == per_row
