@@ -63,7 +63,9 @@ def main():
     prompt_tokens = np.repeat(rng.integers(2, 1024, (n, p)), g, axis=0)
     tokens = jnp.asarray(np.concatenate([prompt_tokens, rng.integers(2, 1024, (b, c))], 1), jnp.int32)
     attention = jnp.asarray(np.concatenate([np.zeros((b, 3)), np.ones((b, p + c - 3))], 1), jnp.int32)
-    flops = bench.grpo_step_flops(mc, num_prompts=n, group=g, prompt_len=p, new_tokens=c)
+    # FLOPs as run: each prompt once per group unless --no-share-prompt.
+    flops = bench.grpo_step_flops(mc, num_prompts=n, group=g, prompt_len=p, new_tokens=c,
+                                  shared_prompt=args.share_prompt)
     tx, _ = train.make_optimizer(cfg.optim, 100)
     opt_state = tx.init(params)
     group = g if args.share_prompt else 1
