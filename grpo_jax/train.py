@@ -337,8 +337,12 @@ def _prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multi
     update_group = whole(rows_per_micro, in_order=g_cfg.num_minibatches == 1)
     logprob_group = whole(g_cfg.prompts_per_step * G)
     if update_group == 1:
-        log.info("update: each completion runs its own copy of the prompt (grpo.num_minibatches > 1, "
-                 "or micro-batches of %d rows are not whole groups over %d devices)", rows_per_micro, row_multiple)
+        log.info(
+            "update: each completion runs its own copy of the prompt (grpo.num_minibatches > 1, "
+            "or micro-batches of %d rows are not whole groups over %d devices)",
+            rows_per_micro,
+            row_multiple,
+        )
     return update_group, logprob_group
 
 
@@ -474,7 +478,10 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
     update_group, logprob_group = _prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
-        make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group), mesh, params, opt_state
+        make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group),
+        mesh,
+        params,
+        opt_state,
     )
     logprob_fn = make_logprob_fn(graphdef, s_cfg.temperature, group_size=logprob_group)
     writer = MetricsWriter(
