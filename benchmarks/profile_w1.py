@@ -52,7 +52,7 @@ def main():
                                num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                                qkv_bias=True)
     graphdef, params = nnx.split(model_lib.init_model(mc, 0))
-    ref = train._frozen_copy(params, jnp.float32)
+    ref = train.frozen_copy(params, jnp.float32)
     n, g, p, c = cfg.grpo.prompts_per_step, cfg.grpo.num_generations, bench.W1_PROMPT_LEN, cfg.sampling.max_new_tokens
     b = n * g
     rng = np.random.default_rng(0)

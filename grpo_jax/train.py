@@ -1,4 +1,4 @@
-"""The GRPO loop (seed Step 5): one pure jitted update plus the host-side loop around it.
+"""The GRPO loop (seed Step 5): the host-side loop around the jitted step pieces (`grpo_jax.step`).
 
     1. take `prompts_per_step` examples          5. reference (and optionally pi_old) log-probs
     2. G answers each from pi_old (the sampler)  6. mu passes x minibatches of Optax updates
@@ -12,7 +12,6 @@ separate frozen tree that the optimizer never sees (Simply's layout).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -23,12 +22,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import config as config_lib
-from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import sft as sft_lib
@@ -37,6 +34,15 @@ from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.step import (  # noqa: F401 - UpdateBatch and the builders stay importable from here
+    UpdateBatch,
+    as_dtype,
+    frozen_copy,
+    make_logprob_fn,
+    make_optimizer,
+    make_update_fn,
+    prompt_groups,
+)
 from grpo_jax.tasks import make_task
 from grpo_jax.tokenizer import load_tokenizer
 
@@ -45,29 +51,6 @@ log = logging.getLogger("grpo_jax")
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks.
-
-
-def make_optimizer(optim: config_lib.OptimSection, total_updates: int):
-    """AdamW with global-norm clipping and a warmup then constant or cosine schedule."""
-    if optim.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, optim.learning_rate, optim.warmup_steps, max(total_updates, optim.warmup_steps + 1)
-        )
-    elif optim.warmup_steps:
-        schedule = optax.join_schedules(
-            [
-                optax.linear_schedule(0.0, optim.learning_rate, optim.warmup_steps),
-                optax.constant_schedule(optim.learning_rate),
-            ],
-            [optim.warmup_steps],
-        )
-    else:
-        schedule = optax.constant_schedule(optim.learning_rate)
-    parts = [optax.clip_by_global_norm(optim.max_grad_norm)] if optim.max_grad_norm > 0 else []
-    parts.append(
-        optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay)
-    )
-    return optax.chain(*parts), schedule
 
 
 def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.ModelConfig, Any, Any]:
@@ -107,137 +90,6 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
     )
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
-
-
-def _as_dtype(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
-def _frozen_copy(tree, dtype):
-    """A copy that shares no buffer with `tree`: the policy's buffers are donated to the update."""
-    return jax.tree.map(
-        lambda x: jnp.array(x, dtype=dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, copy=True),
-        tree,
-    )
-
-
-def _global_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateBatch:
-    """What one optimizer step consumes; every array has a leading [A] micro-batch axis, then [M].
-
-    tokens/attention: prompt then completion, [A, M, P+C]; the others [A, M, C] or [A, M].
-    """
-
-    tokens: jax.Array
-    attention: jax.Array
-    completion_mask: jax.Array
-    advantages: jax.Array
-    old_logp: jax.Array
-    sampler_logp: jax.Array
-    ref_logp: jax.Array | None
-
-
-jax.tree_util.register_dataclass(
-    UpdateBatch, data_fields=[f.name for f in dataclasses.fields(UpdateBatch)], meta_fields=[]
-)
-
-
-def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
-    """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
-
-    Gradients of the A micro-batches are averaged inside one jitted call (lax.scan), so gradient
-    accumulation costs no extra dispatch or host sync. group_size > 1: every micro-batch is whole
-    groups of that many rows sharing a prompt, each prompt run once (`token_logprobs`).
-    """
-
-    def loss_fn(params, mb: UpdateBatch):
-        num_targets = mb.completion_mask.shape[-1]
-        logp, entropy = model_lib.token_logprobs(
-            graphdef,
-            params,
-            mb.tokens,
-            mb.attention,
-            num_targets=num_targets,
-            temperature=temperature,
-            return_entropy=True,
-            group_size=group_size,
-        )
-        loss, metrics = losses.grpo_loss(
-            logp,
-            mb.old_logp,
-            mb.ref_logp if grpo.beta > 0 else None,
-            mb.advantages,
-            mb.completion_mask,
-            eps_low=grpo.eps_low,
-            eps_high=grpo.eps_high,
-            beta=grpo.beta,
-            kl=grpo.kl,
-            aggregation=grpo.aggregation,
-            max_len=num_targets,
-            ratio=grpo.ratio,
-        )
-        mask = mb.completion_mask.astype(jnp.float32)
-        denom = jnp.maximum(mask.sum(), 1.0)
-        metrics = dict(metrics)
-        metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
-        # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
-        metrics["sampling/sampling_logp_difference/mean"] = jax.lax.stop_gradient(
-            (jnp.abs(logp - mb.sampler_logp) * mask).sum() / denom
-        )
-        return loss, metrics
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def update(params, opt_state, batch: UpdateBatch):
-        def micro_step(grad_sum, mb):
-            (loss, metrics), grads = grad_fn(params, mb)
-            return jax.tree.map(jnp.add, grad_sum, grads), (loss, metrics)
-
-        num_micro = batch.completion_mask.shape[0]
-        if num_micro == 1:
-            # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
-            # splits the program) and without a zeros tree plus an add over every parameter.
-            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
-            loss, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
-        else:
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            grad_sum, (loss, metrics) = jax.lax.scan(micro_step, zeros, batch)
-            grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {
-            k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
-            for k, v in metrics.items()
-        }
-        metrics["loss"] = loss.mean()
-        metrics["grad_norm"] = _global_norm(grads)
-        return params, opt_state, metrics
-
-    return jax.jit(update, donate_argnums=(0, 1))
-
-
-def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32, group_size: int = 1):
-    """Jitted per-token log-probs of the completion part; params are upcast (bf16 reference).
-    group_size > 1: rows are whole groups sharing a prompt, each prompt run once."""
-
-    @functools.partial(jax.jit, static_argnames="num_targets")
-    def logprobs(params, tokens, attention, num_targets):
-        params = _as_dtype(params, compute_dtype)
-        return model_lib.token_logprobs(
-            graphdef,
-            params,
-            tokens,
-            attention,
-            num_targets=num_targets,
-            temperature=temperature,
-            group_size=group_size,
-        )
-
-    return logprobs
 
 
 def _auto_sampler_threads() -> int:
@@ -320,30 +172,6 @@ def _concat_rollouts(parts: list[rollout_lib.Rollout], pad_id: int) -> dict[str,
         "logprobs": np.concatenate([rows(p.sample.logprobs_BxC) for p in parts]),
     }
     return out
-
-
-def _prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multiple: int) -> tuple[int, int]:
-    """Group sizes for the update's micro-batches and for the log-prob pass over all rows: G where
-    the rows are whole groups in order whose prompts split evenly over the devices (so each prompt
-    is run once per group), else 1 (every row runs its own copy of the prompt)."""
-    if not g_cfg.share_prompt_prefix:
-        return 1, 1
-    G = g_cfg.num_generations
-
-    def whole(rows, in_order=True):
-        return G if in_order and rows % G == 0 and (rows // G) % row_multiple == 0 else 1
-
-    # Minibatches draw rows in a random order (as TRL), which breaks groups up.
-    update_group = whole(rows_per_micro, in_order=g_cfg.num_minibatches == 1)
-    logprob_group = whole(g_cfg.prompts_per_step * G)
-    if update_group == 1:
-        log.info(
-            "update: each completion runs its own copy of the prompt (grpo.num_minibatches > 1, "
-            "or micro-batches of %d rows are not whole groups over %d devices)",
-            rows_per_micro,
-            row_multiple,
-        )
-    return update_group, logprob_group
 
 
 def _select_groups(rollouts, group_size, num_groups, dynamic: bool):
@@ -461,12 +289,12 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
                 with open(os.path.join(run_dir, "sft.json"), "w") as f:
                     json.dump(sft_stats, f, indent=2)
         opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
-        ref_params = _frozen_copy(params, ref_dtype) if use_ref else None
+        ref_params = frozen_copy(params, ref_dtype) if use_ref else None
     else:
         opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
         abstract = {"params": params, "opt_state": opt_state}
         if use_ref:
-            abstract["ref_params"] = _as_dtype(params, ref_dtype)
+            abstract["ref_params"] = as_dtype(params, ref_dtype)
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract
         )
@@ -476,7 +304,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
         data_position = int(meta["data_position"])
         log.info("resumed from step %d (data position %d)", start_step, data_position)
 
-    update_group, logprob_group = _prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
+    update_group, logprob_group = prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
         make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group),
         mesh,
@@ -673,7 +501,7 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
 
                 # 7: pi_old <- pi_theta is implicit (the next rollout samples with `params`); reference resync.
                 if g_cfg.ref_resync_every and step % g_cfg.ref_resync_every == 0:
-                    ref_params = _frozen_copy(params, ref_dtype)
+                    ref_params = frozen_copy(params, ref_dtype)
 
                 # Metrics (TRL's names).
                 finite = np.isfinite(rewards)

@@ -85,7 +85,7 @@ def grpo_step(graphdef, params, opt_state, tx, mesh, rollout_params=None):
     a = GRPO.grad_accum_steps
     # Meshes take the trainer's choice (each prompt once per group where the groups split evenly
     # over the devices); the one-device reference runs every row with its own prompt copy.
-    groups = (1, 1) if mesh is None else train._prompt_groups(GRPO, n // a, sharding.batch_size_multiple(mesh))
+    groups = (1, 1) if mesh is None else train.prompt_groups(GRPO, n // a, sharding.batch_size_multiple(mesh))
     logprob_fn = train.make_logprob_fn(graphdef, SAMPLING.temperature, group_size=groups[1])
     # Reference = the initial policy (a separate tree; the update donates `params`).
     ref_params = jax.tree.map(jnp.copy, params)

@@ -237,15 +237,15 @@ def test_bad_mesh_for_the_batch_is_a_config_error(tmp_path):
 
 def test_prompt_groups_share_only_whole_in_order_groups():
     g = GRPOSection(prompts_per_step=4, num_generations=4)
-    assert train._prompt_groups(g, rows_per_micro=16, row_multiple=1) == (4, 4)
-    assert train._prompt_groups(g, rows_per_micro=8, row_multiple=2) == (4, 4)  # 2 prompts, 1 per device
-    assert train._prompt_groups(g, rows_per_micro=8, row_multiple=4) == (1, 4)  # 2 prompts over 4 devices
-    assert train._prompt_groups(g, rows_per_micro=16, row_multiple=8) == (1, 1)  # 4 prompts over 8
-    assert train._prompt_groups(g, rows_per_micro=2, row_multiple=1) == (1, 4)  # half a group per micro-batch
+    assert train.prompt_groups(g, rows_per_micro=16, row_multiple=1) == (4, 4)
+    assert train.prompt_groups(g, rows_per_micro=8, row_multiple=2) == (4, 4)  # 2 prompts, 1 per device
+    assert train.prompt_groups(g, rows_per_micro=8, row_multiple=4) == (1, 4)  # 2 prompts over 4 devices
+    assert train.prompt_groups(g, rows_per_micro=16, row_multiple=8) == (1, 1)  # 4 prompts over 8
+    assert train.prompt_groups(g, rows_per_micro=2, row_multiple=1) == (1, 4)  # half a group per micro-batch
     shuffled = dataclasses.replace(g, num_minibatches=2)
-    assert train._prompt_groups(shuffled, rows_per_micro=8, row_multiple=1) == (1, 4)
+    assert train.prompt_groups(shuffled, rows_per_micro=8, row_multiple=1) == (1, 4)
     off = dataclasses.replace(g, share_prompt_prefix=False)
-    assert train._prompt_groups(off, rows_per_micro=16, row_multiple=1) == (1, 1)
+    assert train.prompt_groups(off, rows_per_micro=16, row_multiple=1) == (1, 1)
 
 
 def test_shared_prompt_run_matches_per_row_prompt_run(tmp_path):
