@@ -328,6 +328,24 @@ def _attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS) -> jax.Array
     return out_BxKxGTxH.reshape(b, kv, g, t, hd)
 
 
+def _attend_one_query(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, visible_Bx1xS) -> jax.Array:
+    """`_attend` for one query per row (decode), as broadcast multiplies and sums: [B, K, G, 1, H].
+
+    Both sums run over a major axis (H of the transposed keys, then S of the values), so they
+    vectorise along the minor one. As batched matmuls these were B*K products of [G, H] x [H, S]:
+    XLA's CPU dot kernels took several times longer on such tiny operands (benchmarks/NOTES.md).
+    """
+    b, _, n, hd = q_Bx1xNxH.shape
+    kv = keys_BxKxHxS.shape[1]
+    g = n // kv
+    q_BxKxGxH = q_Bx1xNxH.reshape(b, kv, g, hd).astype(jnp.float32)
+    scores_BxKxGxS = jnp.sum(q_BxKxGxH[..., None] * keys_BxKxHxS[:, :, None].astype(jnp.float32), axis=3)
+    scores_BxKxGxS = jnp.where(visible_Bx1xS[:, None], scores_BxKxGxS / math.sqrt(hd), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(values_BxKxSxH.dtype)
+    out_BxKxGxH = jnp.sum(probs[..., None] * values_BxKxSxH[:, :, None], axis=3)
+    return out_BxKxGxH[:, :, :, None].astype(q_Bx1xNxH.dtype)
+
+
 def _attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH, prompt_mask_NxP,
                                 k_NxGxCxKxH, v_NxGxCxKxH, completion_mask_NxGxC) -> jax.Array:
     """Attention of G completions per prompt over their one shared prompt and themselves.
@@ -481,7 +499,8 @@ class Attention(nnx.Module):
         visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
             jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_T[None, :, None]
         )
-        out_BxKxGxTxH = _attend(q, keys, values, visible_BxTxS)
+        attend = _attend_one_query if t == 1 else _attend
+        out_BxKxGxTxH = attend(q, keys, values, visible_BxTxS)
         g = c.num_heads // c.num_kv_heads
         o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
         if t == 1:
