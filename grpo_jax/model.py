@@ -296,11 +296,11 @@ class KVCache(NamedTuple):
     """One layer's keys (after RoPE, stored transposed) and values: slot s of row b at
     k[b, :, :, s] and v[b, :, s].
 
-    Heads before slots so both attention products are plain batched matmuls over (B, K): with
-    [B, S, K, H] XLA transposed the whole cache at every decode step (3x slower on CPU). Keys as
-    [H, S] make q @ k a plain [G, H] x [H, S] product; as [S, H] (contracting both minor axes)
-    XLA's CPU kernel took 0.78 ms per layer-step on W1 against 0.27 ms for probs @ v of the same
-    size (benchmarks/NOTES.md).
+    Heads before slots: with [B, S, K, H] XLA transposed the whole cache at every decode step (3x
+    slower on CPU). Keys as [H, S]: the prefill's q @ k is a plain [G, H] x [H, S] product, and
+    decode's sum over H (`_attend_one_query`) runs over a major axis and vectorises along S. As
+    [S, H], XLA's CPU dot took 0.78 ms per layer-step on W1 against 0.27 ms for probs @ v of the
+    same size (benchmarks/NOTES.md, changes 11 and 16).
     """
 
     k_BxKxHxS: jax.Array
