@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from grpo_jax import bench, train
+from grpo_jax import bench, optim
+from grpo_jax import step as step_lib
 from grpo_jax import model as model_lib
 from grpo_jax.sampler import Sampler, SamplingConfig
 
@@ -52,7 +53,7 @@ def main():
                                num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                                qkv_bias=True)
     graphdef, params = nnx.split(model_lib.init_model(mc, 0))
-    ref = train.frozen_copy(params, jnp.float32)
+    ref = step_lib.frozen_copy(params, jnp.float32)
     n, g, p, c = cfg.grpo.prompts_per_step, cfg.grpo.num_generations, bench.W1_PROMPT_LEN, cfg.sampling.max_new_tokens
     b = n * g
     rng = np.random.default_rng(0)
@@ -66,16 +67,16 @@ def main():
     # FLOPs as run: each prompt once per group unless --no-share-prompt.
     flops = bench.grpo_step_flops(mc, num_prompts=n, group=g, prompt_len=p, new_tokens=c,
                                   shared_prompt=args.share_prompt)
-    tx, _ = train.make_optimizer(cfg.optim, 100)
+    tx, _ = optim.make_optimizer(cfg.optim, 100)
     opt_state = tx.init(params)
     group = g if args.share_prompt else 1
-    update_fn = train.make_update_fn(graphdef, tx, cfg.grpo, 1.0, group_size=group)
-    logprob_fn = train.make_logprob_fn(graphdef, 1.0, group_size=group)
+    update_fn = step_lib.make_update_fn(graphdef, tx, cfg.grpo, 1.0, group_size=group)
+    logprob_fn = step_lib.make_logprob_fn(graphdef, 1.0, group_size=group)
     old = jnp.asarray(rng.normal(-7, 0.1, (b, c)), jnp.float32)
-    batch = train.UpdateBatch(tokens=tokens[None], attention=attention[None],
-                              completion_mask=jnp.ones((1, b, c), jnp.int32),
-                              advantages=jnp.asarray(rng.normal(size=(1, b)), jnp.float32),
-                              old_logp=old[None], sampler_logp=old[None], ref_logp=old[None])
+    batch = step_lib.UpdateBatch(tokens=tokens[None], attention=attention[None],
+                                 completion_mask=jnp.ones((1, b, c), jnp.int32),
+                                 advantages=jnp.asarray(rng.normal(size=(1, b)), jnp.float32),
+                                 old_logp=old[None], sampler_logp=old[None], ref_logp=old[None])
     # A copy: the update donates its params, and the other pieces keep using `params`.
     state = {"params": jax.tree.map(jnp.copy, params), "opt": opt_state}
 
@@ -93,7 +94,7 @@ def main():
     fns = {
         "rollout": (lambda: sampler(params, prompts, num_samples=g, sampling=sampling,
                                     rng=jax.random.key(0)).tokens_BxC, flops.rollout),
-        "reference": (lambda: logprob_fn(ref, tokens, attention, c), flops.reference),
+        "reference": (lambda: logprob_fn(ref, tokens, attention, num_targets=c), flops.reference),
         "update": (update, flops.policy),
         "forward": (lambda: forward(ref), flops.reference),
         "grad": (lambda: grad(ref), flops.policy),

@@ -25,7 +25,7 @@ import numpy as np
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
-from grpo_jax import train
+from grpo_jax import step as step_lib
 from grpo_jax.model import ModelConfig
 from grpo_jax.rewards import extract_boxed, normalize_answer
 from grpo_jax.rewards.math_verify import fast_number
@@ -171,12 +171,12 @@ def grpo_step_flops(c: ModelConfig, *, num_prompts: int, group: int, prompt_len:
 
 def executed_step_flops(config: Config, c: ModelConfig, *, prompt_len: int, num_devices: int) -> StepFlops:
     """`grpo_step_flops` of what the trainer runs under `config`: each prompt once per group in the
-    reference and update passes where it chooses that (`train.prompt_groups`)."""
+    reference and update passes where it chooses that (`step.prompt_groups`)."""
     g = config.grpo
     kw = dict(num_prompts=g.prompts_per_step, group=g.num_generations, prompt_len=prompt_len,
               new_tokens=config.sampling.max_new_tokens, with_reference=g.beta > 0)
     rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
-    update_group, logprob_group = train.prompt_groups(g, rows_per_micro, num_devices)
+    update_group, logprob_group = step_lib.prompt_groups(g, rows_per_micro, num_devices)
     per_row, shared = grpo_step_flops(c, **kw), grpo_step_flops(c, **kw, shared_prompt=True)
     return StepFlops(rollout=per_row.rollout,
                      reference=(shared if logprob_group > 1 else per_row).reference,

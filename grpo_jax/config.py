@@ -38,6 +38,8 @@ class ModelSection:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    # The stored (master) weights; only float32 trains (validation says why). `dtype` is the compute
+    # dtype: bfloat16 there runs the forward and backward in bf16 on float32 masters.
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_seed: int = 0
@@ -82,13 +84,16 @@ class GRPOSection:
     grad_accum_steps: int = 1  # micro-batches summed into one optimizer step
     old_logprobs: Literal["sampler", "recompute"] = "sampler"
     mask_truncated_completions: bool = False
+    # A truncated completion never reached its final answer (seed, defence 3): "at_most_zero" caps
+    # its reward at 0 (penalties still apply); "as_scored" keeps what the reward functions said.
+    truncated_reward: Literal["at_most_zero", "as_scored"] = "at_most_zero"
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups, top the batch up
     max_resample_rounds: int = 4
     ref_dtype: Literal["float32", "bfloat16"] = "float32"
     # Run each prompt through the model once per group of G rows in the reference and update
-    # passes (the same log-probs; 29% fewer tokens on W1). Off: every row runs its own copy.
+    # passes (the same log-probs, fewer tokens: benchmarks/NOTES.md). Off: every row runs its own copy.
     share_prompt_prefix: bool = True
-    ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps
+    ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps (beta > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +272,18 @@ def validate(config: Config) -> None:
         ("grpo.max_resample_rounds", g.max_resample_rounds),
     ]:
         _positive(key, value, allow_zero=True)
+    if m.param_dtype == "bfloat16":
+        raise ConfigError(
+            "model.param_dtype='bfloat16': bf16 master weights do not train at RL learning rates. Near a "
+            "weight of 0.02 bf16 values are ~1.2e-4 apart, so an AdamW step of lr 1e-6 rounds away and the "
+            "weight never moves. Keep model.param_dtype='float32' and set model.dtype='bfloat16' to compute "
+            "in bf16 (and grpo.ref_dtype='bfloat16' for a bf16 reference)"
+        )
+    if g.ref_resync_every and g.beta == 0:
+        raise ConfigError(
+            f"grpo.ref_resync_every={g.ref_resync_every} does nothing with grpo.beta=0: no reference model is "
+            "used (or kept, or checkpointed); set grpo.beta > 0 or grpo.ref_resync_every=0"
+        )
     if g.num_generations < 2:
         raise ConfigError(
             f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "

@@ -4,8 +4,8 @@
     hf.save_model(model, "/out/policy", base_config=hf.read_config("/ckpt/Qwen2.5-0.5B"))
 
 Weights are read with `safetensors` into numpy (no torch), one tensor at a time, and mapped onto
-the parameter tree documented in `grpo_jax/model.py` (HF Linear weights are [out, in]; ours are
-[in, ...] with heads split out, so loading is a transpose and a reshape, saving the inverse).
+the parameter tree documented in `grpo_jax/model/transformer.py` (HF Linear weights are [out, in];
+ours are [in, ...] with heads split out, so loading is a transpose and a reshape, saving the inverse).
 Both directions are exact, so save-then-load returns bit-identical parameters.
 """
 

@@ -120,31 +120,91 @@ def clipped_surrogate(
     return jnp.minimum(rho * a, jnp.clip(rho, 1.0 - eps_low, 1.0 + eps_high) * a)
 
 
-def _aggregate(
-    per_token_NxT: jax.Array,
-    real_NxT: jax.Array,
-    aggregation: Aggregation,
-    max_len: int | None,
-    axis_name: str | None,
+def loss_normalizer(
+    mask: jax.Array,
+    aggregation: Aggregation = "sequence",
+    *,
+    max_len: int | None = None,
+    axis_name: str | None = None,
 ) -> jax.Array:
-    """Reduce a per-token quantity to a scalar the way `grpo_loss` documents."""
-    zeroed_NxT = jnp.where(real_NxT, per_token_NxT, 0.0)
-    num_rows = jnp.float32(per_token_NxT.shape[0])
+    """The denominator of `aggregate`: what one batch's loss is divided by.
+
+    "sequence": the number of answers N (an all-padding row counts, as in TRL's "grpo" loss);
+    "token": the number of real tokens (at least 1); "constant": N * max_len (max_len defaults to T).
+
+    Gradient accumulation and sharding are exact when every piece of a batch divides by the whole
+    batch's normaliser: the normaliser of the concatenated pieces is the sum of theirs, so
+    `sum_k aggregate(x_k, m_k, normalizer=sum_k loss_normalizer(m_k))` is the full-batch value
+    (not the mean of per-piece means, which over-weights the tokens of short pieces under "token").
+
+    Args:
+      mask: [N, T], nonzero on real tokens.
+      aggregation: "sequence", "token" or "constant".
+      max_len: the constant of "constant"; None uses T.
+      axis_name: mapped batch axis (shard_map/pmap): the global normaliser.
+
+    Returns:
+      float32 scalar, > 0.
+    """
+    _check_aggregation(aggregation)
+    real_NxT = jnp.asarray(mask) != 0
+    num_rows = jnp.float32(real_NxT.shape[0])
     match aggregation:
         case "sequence":
-            length_N = real_NxT.sum(axis=1).astype(jnp.float32)
-            per_answer_N = zeroed_NxT.sum(axis=1) / jnp.maximum(length_N, 1.0)
-            return _psum(per_answer_N.sum(), axis_name) / _psum(num_rows, axis_name)
+            return _psum(num_rows, axis_name)
         case "token":
-            num_tokens = _psum(real_NxT.sum().astype(jnp.float32), axis_name)
-            return _psum(zeroed_NxT.sum(), axis_name) / jnp.maximum(num_tokens, 1.0)
+            return jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
         case "constant":
-            length = per_token_NxT.shape[1] if max_len is None else max_len
-            return _psum(zeroed_NxT.sum(), axis_name) / (_psum(num_rows, axis_name) * length)
-        case _:
-            raise ValueError(
-                f"aggregation must be 'sequence', 'token' or 'constant', got {aggregation!r}"
-            )
+            length = real_NxT.shape[1] if max_len is None else max_len
+            return _psum(num_rows, axis_name) * length
+
+
+def _check_aggregation(aggregation) -> None:
+    if aggregation not in ("sequence", "token", "constant"):
+        raise ValueError(f"aggregation must be 'sequence', 'token' or 'constant', got {aggregation!r}")
+
+
+def aggregate(
+    per_token: jax.Array,
+    mask: jax.Array,
+    aggregation: Aggregation = "sequence",
+    *,
+    max_len: int | None = None,
+    normalizer: jax.Array | float | None = None,
+    axis_name: str | None = None,
+) -> jax.Array:
+    """Reduces a per-token quantity over real tokens to the scalar `grpo_loss` documents.
+
+      "sequence": sum_i (1/|o_i|) sum_t x_{i,t} / N   (the seed's per-answer mean, then over answers)
+      "token":    sum_{i,t} x_{i,t} / (real tokens)   (DAPO)
+      "constant": sum_{i,t} x_{i,t} / (N * max_len)   (Dr. GRPO)
+
+    The numerator is a plain sum over this batch's rows; the denominator is `normalizer`, by
+    default this batch's own `loss_normalizer`. To accumulate micro-batches (or shard rows) exactly,
+    pass each piece the normaliser of the whole batch and add the results.
+
+    Args:
+      per_token: [N, T] values (padding may hold anything, even NaN: it is zeroed first).
+      mask: [N, T], nonzero on real tokens.
+      aggregation: "sequence", "token" or "constant".
+      max_len: the constant of "constant"; None uses T.
+      normalizer: the denominator; None: `loss_normalizer(mask, aggregation, max_len=...)`.
+      axis_name: mapped batch axis (shard_map/pmap): the numerator (and default normaliser) global.
+
+    Returns:
+      float32 scalar.
+    """
+    _check_aggregation(aggregation)
+    real_NxT = jnp.asarray(mask) != 0
+    zeroed_NxT = jnp.where(real_NxT, jnp.asarray(per_token, jnp.float32), 0.0)
+    if normalizer is None:
+        normalizer = loss_normalizer(real_NxT, aggregation, max_len=max_len, axis_name=axis_name)
+    if aggregation == "sequence":
+        length_N = real_NxT.sum(axis=1).astype(jnp.float32)
+        numerator = (zeroed_NxT.sum(axis=1) / jnp.maximum(length_N, 1.0)).sum()
+    else:
+        numerator = zeroed_NxT.sum()
+    return _psum(numerator, axis_name) / normalizer
 
 
 def grpo_loss(
@@ -161,6 +221,7 @@ def grpo_loss(
     aggregation: Aggregation = "sequence",
     max_len: int | None = None,
     ratio: RatioMode = "token",
+    normalizer: jax.Array | float | None = None,
     axis_name: str | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
@@ -185,11 +246,15 @@ def grpo_loss(
       aggregation: "sequence", "token" or "constant".
       max_len: the constant of "constant" (the generation budget); None uses T.
       ratio: "token" (GRPO) or "sequence" (GSPO), see `importance_ratio`.
+      normalizer: the loss's denominator (see `aggregate`); None: this batch's own. Pass the whole
+        batch's `loss_normalizer` to every micro-batch and add their losses (and gradients) for
+        exact gradient accumulation under every aggregation.
       axis_name: mapped batch axis (shard_map/pmap) for global normalisers and metrics.
 
     Returns:
       (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
-        "policy_loss": -aggregate(clipped term), so loss = policy_loss + beta * (aggregated KL);
+        "policy_loss": -aggregate(clipped term) over the same normaliser, so
+          loss = policy_loss + beta * (aggregated KL);
         "kl": token mean of the KL estimator (0 when ref_logp is None);
         "clip_ratio/low_mean": token fraction clipped below (rho < 1 - eps_low and A < 0);
         "clip_ratio/high_mean": token fraction clipped above (rho > 1 + eps_high and A > 0);
@@ -232,22 +297,28 @@ def grpo_loss(
             kl,
         )
     objective_NxT = surrogate_NxT - beta * kl_NxT
-    loss = -_aggregate(objective_NxT, real_NxT, aggregation, max_len, axis_name)
-
-    metrics = _loss_metrics(
-        surrogate_NxT, kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high,
-        aggregation, max_len, axis_name,
+    if normalizer is None:
+        normalizer = loss_normalizer(real_NxT, aggregation, max_len=max_len, axis_name=axis_name)
+    loss = -aggregate(
+        objective_NxT, real_NxT, aggregation, max_len=max_len, normalizer=normalizer, axis_name=axis_name
     )
+    policy_loss = -aggregate(
+        jax.lax.stop_gradient(surrogate_NxT), real_NxT, aggregation, max_len=max_len,
+        normalizer=normalizer, axis_name=axis_name,
+    )
+    metrics = {
+        "policy_loss": policy_loss,
+        **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name),
+    }
     return loss, metrics
 
 
 def _loss_metrics(
-    surrogate_NxT, kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high,
-    aggregation, max_len, axis_name,
+    kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name
 ) -> dict[str, jax.Array]:
     """TRL-named float32 scalar metrics of one loss evaluation; see `grpo_loss`."""
     sg = jax.lax.stop_gradient
-    surrogate_NxT, kl_NxT, rho_NxT = sg(surrogate_NxT), sg(kl_NxT), sg(rho_NxT)
+    kl_NxT, rho_NxT = sg(kl_NxT), sg(rho_NxT)
     num_tokens = jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
 
     def token_mean(x_NxT):
@@ -263,7 +334,6 @@ def _loss_metrics(
         rho_max = jax.lax.pmax(rho_max, axis_name)
     f32 = lambda b: b.astype(jnp.float32)  # noqa: E731
     return {
-        "policy_loss": -_aggregate(surrogate_NxT, real_NxT, aggregation, max_len, axis_name),
         "kl": token_mean(kl_NxT),
         "clip_ratio/low_mean": token_mean(f32(below_NxT & (adv_NxT < 0))),
         "clip_ratio/high_mean": token_mean(f32(above_NxT & (adv_NxT > 0))),

@@ -15,60 +15,79 @@ import numpy as np
 
 from grpo_jax import evaluation
 from grpo_jax import sharding
+from grpo_jax.processes import Processes
 from grpo_jax.rewards import compute_rewards
 from grpo_jax.sampler import SampleOutput, Sampler, SamplingConfig
 
 
 @dataclasses.dataclass
+class PendingRollout:
+    """A sampler call dispatched to the devices, not yet read (JAX runs it asynchronously)."""
+
+    sample: SampleOutput  # global arrays, rows over ("data", "fsdp")
+    examples: list[dict]  # this process's prompts' examples, in row order
+    num_samples: int
+    dispatched_at: float  # time.perf_counter() when the sampler was called
+
+
+@dataclasses.dataclass
 class Rollout:
-    """One batch of G answers to each of B prompts, scored. Row r answers prompt r // G.
+    """G answers to each of this process's prompts, read back and scored. Row r answers prompt
+    r // G. Every array is host numpy, this process's rows only (all rows on one process)."""
 
-    Arrays are host numpy, except `sample` (device arrays, for the update step).
-    """
-
-    sample: SampleOutput
-    examples: list[dict]  # [B*G], each prompt's example repeated G times
-    prompts: list[str]  # [B*G]
-    completions: list[str]  # [B*G]
-    rewards: np.ndarray  # [B*G] float32, NaN where no reward function applied
-    reward_parts: dict[str, np.ndarray]  # name -> [B*G] float32, NaN for None
-    lengths: np.ndarray  # [B*G] completion tokens (EOS included)
-    truncated: np.ndarray  # [B*G] bool
+    examples: list[dict]  # [R], each prompt's example repeated G times
+    prompts: list[str]  # [R]
+    completions: list[str]  # [R]
+    rewards: np.ndarray  # [R] float32, NaN where no reward function applied
+    reward_parts: dict[str, np.ndarray]  # name -> [R] float32, NaN for None
+    lengths: np.ndarray  # [R] completion tokens (EOS included)
+    truncated: np.ndarray  # [R] bool
+    arrays: dict[str, np.ndarray]  # prompt_tokens [R, P], prompt_mask [R, P], tokens, mask, logprobs [R, C]
+    tokens_ready_at: float  # time.perf_counter() when the samples were on the host
     reward_seconds: float = 0.0  # host time spent in the reward functions
 
 
-def generate_and_score(
+def dispatch_rollout(
     sampler: Sampler,
     params,
     tokenizer,
-    task,
     examples: Sequence[dict],
     *,
     num_samples: int,
     sampling: SamplingConfig,
     rng: jax.Array,
-    step: int,
-    pool=None,
-) -> Rollout:
-    """Samples `num_samples` answers per example and scores them with the task's reward functions."""
+) -> PendingRollout:
+    """Tokenises this process's prompts and calls the sampler; returns before the devices finish."""
     prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in examples]
+    t0 = time.perf_counter()
     sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
-    # This process's rows (all of them on one process; its host slice on several).
-    tokens = sharding.process_rows(sample.tokens_BxC)
-    mask = sharding.process_rows(sample.mask_BxC)
+    return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0)
+
+
+def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=None) -> Rollout:
+    """Reads this process's rows of a dispatched rollout, decodes them and runs the task's reward
+    functions (a process pool when `pool` is given)."""
+    sample = pending.sample
+    arrays = {
+        "prompt_tokens": sharding.process_rows(sample.prompt_tokens_BxP),
+        "prompt_mask": sharding.process_rows(sample.prompt_mask_BxP),
+        "tokens": sharding.process_rows(sample.tokens_BxC),
+        "mask": sharding.process_rows(sample.mask_BxC),
+        "logprobs": sharding.process_rows(sample.logprobs_BxC),
+    }
     truncated = sharding.process_rows(sample.truncated_B).astype(bool)
-    lengths = mask.sum(axis=1).astype(np.int32)
-    completions = [tokenizer.decode(row[:n]) for row, n in zip(tokens, lengths)]
-    rep_examples = [ex for ex in examples for _ in range(num_samples)]
+    tokens_ready_at = time.perf_counter()
+    lengths = arrays["mask"].sum(axis=1).astype(np.int32)
+    completions = [tokenizer.decode(row[:n]) for row, n in zip(arrays["tokens"], lengths)]
+    rep_examples = [ex for ex in pending.examples for _ in range(pending.num_samples)]
     prompts = [ex["prompt"] for ex in rep_examples]
-    field_names = sorted({k for ex in examples for k in ex if k != "prompt"})
+    field_names = sorted({k for ex in pending.examples for k in ex if k != "prompt"})
     fields: dict[str, Any] = {k: [ex.get(k) for ex in rep_examples] for k in field_names}
     fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step)
     t0 = time.perf_counter()
     rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool)
     reward_seconds = time.perf_counter() - t0
     return Rollout(
-        sample=sample,
         examples=rep_examples,
         prompts=prompts,
         completions=completions,
@@ -76,6 +95,8 @@ def generate_and_score(
         reward_parts=parts,
         lengths=lengths,
         truncated=truncated,
+        arrays=arrays,
+        tokens_ready_at=tokens_ready_at,
         reward_seconds=reward_seconds,
     )
 
@@ -94,25 +115,26 @@ def evaluate(
     greedy: bool,
     rng: jax.Array,
     batch_prompts: int = 64,
+    processes: Processes | None = None,
 ) -> dict[str, float]:
     """Held-out pass@1, pass@k, maj@k (n=`num_samples` per question) and greedy accuracy.
 
     Correctness is the task's own checker (`task.eval_correct`), which may be stricter than the
-    training reward (seed Part 2, defence 4). Batches are padded to a fixed number of prompts so the
-    sampler compiles once per eval shape.
+    training reward (seed Part 2, defence 4); a truncated answer never finished, so it has no final
+    answer and is wrong (defence 3). Batches are padded to a fixed number of prompts so the sampler
+    compiles once per eval shape. Several processes: each answers its slice of every batch and the
+    per-question results are summed over processes (`processes`; None: one process).
     """
+    processes = processes or Processes(mesh=None)
+    local = processes.prompt_slice(batch_prompts)
     results: dict[str, float] = {}
-    # Multi-host: each process samples its host slice of every chunk of questions; the per-question
-    # results are gathered before the averages, so they equal the single-host ones.
-    mesh = getattr(sampler, "mesh", None)
-    multi = mesh is not None and jax.process_count() > 1
-    local = sharding.host_slice(batch_prompts, mesh) if multi else slice(0, batch_prompts)
     modes = [("sampled", num_samples, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature))]
     if greedy:
         modes.append(("greedy", 1, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)))
     for mode_i, (mode, n, sampling) in enumerate(modes):
+        # Per question: answers that passed, and the final answers for the vote (None: truncated).
+        # A question another process answered stays all False / 0 here; the sum below fills it in.
         correct = np.zeros((len(examples), n), bool)
-        owned = np.zeros(len(examples), bool)  # questions this process answered (all on one host)
         answers: list[list[str | None]] = [[] for _ in examples]
         for start in range(0, len(examples), batch_prompts):
             chunk = list(examples[start : start + batch_prompts])
@@ -124,38 +146,28 @@ def evaluate(
             tokens = sharding.process_rows(sample.tokens_BxC)
             lengths = sharding.process_rows(sample.mask_BxC).sum(axis=1)
             truncated = sharding.process_rows(sample.truncated_B).astype(bool)
-            for row in range(max(0, min(real, local.stop) - local.start) * n):
-                q, j = divmod(row, n)
-                q += local.start
-                owned[start + q] = True
-                row = (q - local.start) * n + j
-                text = tokenizer.decode(tokens[row, : lengths[row]])
-                ex = chunk[q]
-                # A truncated answer never finished, so it has no final answer (seed Part 2, defence 3).
-                ok = (not truncated[row]) and bool(task.eval_correct(text, ex))
-                correct[start + q, j] = ok
-                answers[start + q].append(None if truncated[row] else task.extract_answer(text))
+            for q in range(local.start, min(real, local.stop)):
+                for j in range(n):
+                    row = (q - local.start) * n + j
+                    text = tokenizer.decode(tokens[row, : lengths[row]])
+                    ok = (not truncated[row]) and bool(task.eval_correct(text, chunk[q]))
+                    correct[start + q, j] = ok
+                    answers[start + q].append(None if truncated[row] else task.extract_answer(text))
         majs = {}
         for k in ks:
             if k > 1 and mode != "greedy":
                 # A voted answer is as correct as the first sample that gave it (same final answer).
-                majs[k] = [
-                    (
-                        evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
-                        if owned[q]
-                        else 0.0
-                    )
-                    for q in range(len(examples))
-                ]
-        if multi:
-            # Each question was answered on exactly one process: the others hold False / 0 there.
-            from jax.experimental import multihost_utils
-
-            correct = np.asarray(multihost_utils.process_allgather(correct)).any(axis=0)
-            majs = {
-                k: np.asarray(multihost_utils.process_allgather(np.asarray(v, np.float64))).sum(axis=0)
-                for k, v in majs.items()
-            }
+                majs[k] = processes.sum(
+                    [
+                        (
+                            evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
+                            if answers[q]
+                            else 0.0
+                        )
+                        for q in range(len(examples))
+                    ]
+                )
+        correct = processes.sum(correct.astype(np.int32)) > 0
         if mode == "greedy":
             results["eval/greedy_accuracy"] = float(correct[:, 0].mean())
             continue

@@ -2,15 +2,23 @@
 
 Flow for N prompts x G samples (B = N * G rows; row r is prompt r // G, sample r % G):
   1. Host: left-pad the prompts to the smallest bucket P >= longest prompt.
-  2. `prefill` (jit): one forward over the N prompts (not N * G: each prompt is prefilled once),
-     then each prompt's keys/values are repeated for its G samples into a cache of exactly
-     S = P + max_new_tokens slots per row, sized tightly (a generous cache makes every decode step
-     attend over empty slots).
+  2. `prefill` (jit): one forward over the prompts (not N * G rows: each prompt is prefilled once
+     per device that holds its rows), then each prompt's keys/values are repeated for its samples
+     into a cache of exactly S = P + max_new_tokens slots per row, sized tightly (a generous cache
+     makes every decode step attend over empty slots).
   3. `decode` (jit, the state pytree donated so the cache is updated in place): loop: sample a
      token from the current logits, feed it at cache slot P + step (written with
      dynamic_update_slice) to get the next logits. Rows that emitted EOS keep feeding pad tokens and
      are masked; the loop exits early once every row is done (unless `ignore_eos`).
 Both functions are compiled once per (P, N, G, SamplingConfig) and cached on the Sampler.
+
+On a mesh (one process or many, the same path), rows are split over ("data", "fsdp") from prefill
+to the outputs: each device prefills M / (data * fsdp) rows, M = lcm(N, data * fsdp) (each prompt
+copied M / N times, so a device's prompts are exactly those of its rows), repeats them locally to
+its B / (data * fsdp) rows and decodes only those. The weights are moved once per call into the
+decode layout (`sharding.decode_param_shardings`: whole along fsdp, split over tensor), so the
+loop body has no weight collectives. Every row's noise is keyed by its global row index
+(`row_keys`), so the samples do not depend on the mesh or the thread split.
 
 Log-probs are those of the full-vocabulary softmax(logits / temperature), before top-k / top-p,
 so they equal `model.token_logprobs(..., temperature=T)` recomputed by the trainer (pi_old).
@@ -21,16 +29,18 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from grpo_jax import sharding
 from grpo_jax.model import KVCache, ModelConfig, default_positions
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +87,7 @@ class DecodeState(NamedTuple):
     done_B: jax.Array              # bool: EOS already emitted
 
 
-_MAX_SEGMENTS = 8  # each segment is one more compiled loop body (~1-2 s of compile on a CPU)
+_MAX_SEGMENTS = 8  # each segment is one more compiled loop body (seconds of compile on a CPU)
 
 
 def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
@@ -112,10 +122,12 @@ def _grow(state: "DecodeState", slots: int) -> "DecodeState":
 
 def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int,
             cache_tokens: int | None = None) -> DecodeState:
-    """Forward over N left-padded prompts once; repeat each row's KV G times into S = P + c slots.
+    """Forward over N left-padded prompts once; repeat each row's KV G = `num_samples` times into
+    S = P + c slots (row n * G + g of the state is prompt n).
 
     c = `cache_tokens` (default max_new_tokens): the slots the first decode segment needs
-    (`decode_segments`); later segments grow the cache.
+    (`decode_segments`); later segments grow the cache. With rows sharded, the repeat is local:
+    each device's G copies of its prompts are its own rows.
     """
     model = nnx.merge(graphdef, params)
     g, c = num_samples, cache_tokens or max_new_tokens
@@ -172,7 +184,7 @@ def argmax_last(x_BxV: jax.Array) -> jax.Array:
     """First index of the maximum over the last axis, int32 [B].
 
     Two plain reductions (max, then min index where equal): XLA's CPU lowering of argmax is a
-    (value, index) pair reduction that took ~1.7 ms per decode step at [32, 1024].
+    (value, index) pair reduction, several times slower per decode step (benchmarks/NOTES.md).
     """
     v = x_BxV.shape[-1]
     top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
@@ -229,6 +241,10 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
         )
 
     def cond_until(end):
+        if sampling.ignore_eos:
+            # No row ever finishes early: a trip count, and (rows sharded) no all-reduce of the
+            # rows' done flags across devices before every token.
+            return lambda st: st.step < end
         return lambda st: (st.step < end) & ~jnp.all(st.done_B)
 
     def body(st: DecodeState) -> DecodeState:
@@ -253,8 +269,7 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
 def _decode_compiler_options() -> dict | None:
     """XLA options for the decode loop. On a CPU: no YNNPACK fusions. Decode multiplies a few rows
     by each weight matrix, and the YNNPACK kernels (fast for the update's large matmuls) spend
-    more on each call's setup than on the arithmetic there: W1's rollout 0.61-0.68 s -> 0.55-0.60
-    s (benchmarks/NOTES.md). The option is experimental: a jaxlib that does not know it gets None
+    more on each call's setup than on the arithmetic there (W1's rollout: benchmarks/NOTES.md). The option is experimental: a jaxlib that does not know it gets None
     (checked once on a tiny program) instead of a decode that fails to compile."""
     if jax.default_backend() != "cpu":
         return None
@@ -273,6 +288,38 @@ def bucket_length(length: int, buckets: tuple[int, ...]) -> int:
             return b
     raise ValueError(f"prompt of {length} tokens is longer than the largest prompt bucket "
                      f"{max(buckets)}; prompt_buckets={tuple(buckets)}")
+
+
+def prefill_rows(num_prompts: int, num_samples: int, row_devices: int) -> int:
+    """M, the prefill's rows for N prompts x G samples with rows over D = data * fsdp devices.
+
+    M = lcm(N, D): each prompt is copied M / N times, so under the row sharding device d holds
+    M / D prefill rows, exactly the prompts of its B / D rows, and repeating each prefill row
+    B / M times on the device gives those rows (row b is prefill row b // (B / M), prompt b // G).
+    D divides N: M = N, every prompt prefilled once. N divides D (4 prompts x G=8 on 8 devices):
+    M = D, one prompt per device (two devices share each prompt's 8 rows). The alternative,
+    every device prefilling all N prompts and keeping its rows, costs N prompts per device
+    instead of N / gcd(N, D).
+    """
+    rows = num_prompts * num_samples
+    if rows % row_devices:
+        raise ValueError(f"Sampler: {num_prompts} prompts x {num_samples} samples = {rows} rows do not split "
+                         f"over data*fsdp = {row_devices} devices; pass a number of prompts whose rows "
+                         f"(prompts x num_samples) are a multiple of {row_devices}")
+    return math.lcm(num_prompts, row_devices)
+
+
+def _check_prompts(prompts, num_samples, vocab_size: int) -> None:
+    if not prompts:
+        raise ValueError("Sampler: prompts is empty; pass at least one list of token ids")
+    if not isinstance(num_samples, int) or num_samples <= 0:
+        raise ValueError(f"Sampler: num_samples must be a positive int, got {num_samples!r}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"Sampler: prompts[{i}] is empty; every prompt needs >= 1 token")
+        if min(p) < 0 or max(p) >= vocab_size:
+            raise ValueError(f"Sampler: prompts[{i}] has token ids outside [0, vocab_size={vocab_size}): "
+                             f"min {min(p)}, max {max(p)}")
 
 
 class Sampler:
@@ -296,31 +343,52 @@ class Sampler:
         # Tokens per decode segment: generations longer than this grow the cache in segments and
         # attend only over what can be filled (see decode_segments); shorter ones use one loop.
         self.decode_segment = decode_segment
-        # Multi-host (jax.process_count() > 1): each process passes its own prompts (its host
-        # slice); they are assembled into global arrays with rows over ("data", "fsdp") and the
-        # SampleOutput arrays are global too (read a process's rows with sharding.process_rows).
+        # With a mesh, rows go over ("data", "fsdp") and the SampleOutput arrays are global arrays
+        # sharded that way. One process passes all the prompts; several each pass their host slice
+        # (`sharding.host_slice`) and read their rows back with `sharding.process_rows`. Without a
+        # mesh, jit lays things out from the params' shardings (one device: plain arrays).
         self.mesh = mesh
         if not isinstance(threads, int) or threads < 1:
             raise ValueError(f"Sampler threads must be an int >= 1, got {threads!r}")
-        # Single process: the prompts are split into this many equal parts, each prefilled and
-        # decoded by its own host thread. XLA's CPU backend runs a decode loop (small matmuls) on
-        # one core, and executions dispatched from different threads run side by side; the
-        # samples are the same for any split (`row_keys`).
+        # One device (no mesh or a 1-device mesh): the prompts are split into this many equal parts,
+        # each prefilled and decoded by its own host thread. XLA's CPU backend runs a decode loop
+        # (small matmuls) on one core, and executions dispatched from different threads run side by
+        # side; the samples are the same for any split (`row_keys`). Several devices already decode
+        # their rows side by side, so there it is not used.
         self.threads = threads
         self._compiled: dict[tuple, tuple] = {}
+        self._param_shardings = None  # the decode layout, from the first params seen
         self.num_traces = 0  # times a prefill/decode pair was traced (= compiled); tests read it
 
-    def _functions(self, prompt_len: int, num_prompts: int, num_samples: int, sampling: SamplingConfig):
-        key = (prompt_len, num_prompts, num_samples, sampling)
+    def _row_devices(self) -> int:
+        return 1 if self.mesh is None else sharding.batch_size_multiple(self.mesh)
+
+    def _state_shardings(self) -> DecodeState:
+        """Rows over ("data", "fsdp"); the caches' kv heads over "tensor" as in k_proj / v_proj."""
+        mesh = self.mesh
+        rows, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+        heads = NamedSharding(mesh, sharding.fit_spec(P(sharding.BATCH_AXES, "tensor"),
+                                                      (self._row_devices(), self.config.num_kv_heads), mesh))
+        return DecodeState(caches=[KVCache(heads, heads) for _ in range(self.config.num_layers)],
+                           key_mask_BxS=rows, logits_BxV=rows, positions_B=rows, step=whole,
+                           tokens_BxC=rows, logprobs_BxC=rows, done_B=rows)
+
+    def _functions(self, prompt_len: int, prefill_rows: int, num_rows: int, sampling: SamplingConfig,
+                   rng_impl: str | None):
+        key = (prompt_len, prefill_rows, num_rows, sampling, rng_impl)
         if key not in self._compiled:
             ends = decode_segments(sampling.max_new_tokens, self.decode_segment)
+            copies = num_rows // prefill_rows
 
-            def prefill_fn(params, tokens, mask):
+            def prefill_fn(params, tokens_MxP, mask_MxP):
                 self.num_traces += 1
-                return prefill(self.graphdef, params, tokens, mask, num_samples=num_samples,
-                               max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
+                state = prefill(self.graphdef, params, tokens_MxP, mask_MxP, num_samples=copies,
+                                max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
+                return state, jnp.repeat(tokens_MxP, copies, axis=0)
 
             def decode_fn(params, state, rng, first_row):
+                if rng_impl is not None:  # a typed key, passed as its bits (host data, replicated)
+                    rng = jax.random.wrap_key_data(rng, impl=rng_impl)
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
                             eos_id=self.eos_id, pad_id=self.pad_id, segment=self.decode_segment,
                             first_row=first_row)
@@ -341,27 +409,28 @@ class Sampler:
             # One segment: the prefill's cache is updated in place (donated, aliased by the output).
             # Several: each segment's larger cache is new memory, so donating would only warn.
             donate = (1,) if len(ends) == 1 else ()
-            self._compiled[key] = (jax.jit(prefill_fn),
-                                   jax.jit(decode_fn, donate_argnums=donate, compiler_options=_decode_compiler_options()))
+            options = _decode_compiler_options()
+            if self.mesh is None:
+                fns = (jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=donate, compiler_options=options))
+            else:
+                # Explicit layouts, so each device's programs take its own rows: params in the
+                # decode layout, rows over ("data", "fsdp") in and out, the key and row offset whole.
+                params_sh, state_sh = self._param_shardings, self._state_shardings()
+                rows, whole = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
+                fns = (jax.jit(prefill_fn, in_shardings=(params_sh, rows, rows), out_shardings=(state_sh, rows)),
+                       jax.jit(decode_fn, in_shardings=(params_sh, state_sh, whole, whole),
+                               out_shardings=(state_sh, (rows,) * 5), donate_argnums=donate,
+                               compiler_options=options))
+            self._compiled[key] = fns
         return self._compiled[key]
 
-    def __call__(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
-                 rng: jax.Array) -> SampleOutput:
-        if not prompts:
-            raise ValueError("Sampler: prompts is empty; pass at least one list of token ids")
-        if not isinstance(num_samples, int) or num_samples <= 0:
-            raise ValueError(f"Sampler: num_samples must be a positive int, got {num_samples!r}")
-        v = self.config.vocab_size
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"Sampler: prompts[{i}] is empty; every prompt needs >= 1 token")
-            if min(p) < 0 or max(p) >= v:
-                raise ValueError(f"Sampler: prompts[{i}] has token ids outside [0, vocab_size={v}): "
-                                 f"min {min(p)}, max {max(p)}")
-        multi = self.mesh is not None and jax.process_count() > 1
-        longest = max(len(p) for p in prompts)
-        num_prompts = len(prompts)
-        if multi:
+    def _prepare(self, params, prompts, num_samples: int, sampling: SamplingConfig, rng):
+        """Checks a call and lays it out: (params, [(tokens, mask, first_row) per part], the compiled
+        pair, the key's bits). A part is one prefill + decode; only a one-device thread split has several."""
+        _check_prompts(prompts, num_samples, self.config.vocab_size)
+        longest, num_prompts = max(len(p) for p in prompts), len(prompts)
+        d = self._row_devices()
+        if self.mesh is not None and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
             # Every process must compile the same program: agree on the bucket and the row count.
@@ -370,66 +439,67 @@ class Sampler:
             if len(set(agreed[:, 1].tolist())) != 1:
                 raise ValueError(f"Sampler: processes passed different numbers of prompts {agreed[:, 1].tolist()}; "
                                  "each process must pass an equal share (its host slice)")
-            longest = int(agreed[:, 0].max())
-            num_prompts = int(agreed[:, 1].sum())
+            longest, num_prompts = int(agreed[:, 0].max()), int(agreed[:, 1].sum())
+            if num_prompts % d:  # host slices of whole prompts are then whole devices' rows
+                raise ValueError(f"Sampler: {num_prompts} prompts over all processes must be a multiple of "
+                                 f"data*fsdp = {d} on a multi-process mesh (each passes its host slice)")
         prompt_len = bucket_length(longest, self.prompt_buckets)
+        m = prefill_rows(num_prompts, num_samples, d)
         tokens = np.full((len(prompts), prompt_len), self.pad_id, np.int32)
         mask = np.zeros((len(prompts), prompt_len), np.int32)
         for i, p in enumerate(prompts):
             tokens[i, prompt_len - len(p):] = p
             mask[i, prompt_len - len(p):] = 1
-        if multi:
-            prefill_fn, decode_fn = self._functions(prompt_len, num_prompts, num_samples, sampling)
-            return self._call_global(params, tokens, mask, num_prompts, num_samples, rng, prefill_fn, decode_fn)
-        # Equal parts (one compiled program): the largest part count <= threads dividing the prompts.
-        parts = max(k for k in range(1, min(self.threads, num_prompts) + 1) if num_prompts % k == 0)
-        n = num_prompts // parts
-        prefill_fn, decode_fn = self._functions(prompt_len, n, num_samples, sampling)
+        # Each prompt once per device that holds its rows (several processes: M = N, no copies).
+        tokens, mask = np.repeat(tokens, m // num_prompts, axis=0), np.repeat(mask, m // num_prompts, axis=0)
+        if self.mesh is not None:
+            if self._param_shardings is None:
+                self._param_shardings = sharding.decode_param_shardings(self.mesh, params)
+            # Once per call, not once per token: weights whole along fsdp (a no-op if already so).
+            params = sharding.decode_params(self.mesh, params)
+        one_device = self.mesh is None or self.mesh.size == 1
+        # Equal parts (one compiled program): the largest part count <= threads dividing the rows.
+        parts = max(k for k in range(1, min(self.threads if one_device else 1, m) + 1) if m % k == 0)
+        n = m // parts
+        pieces = []
+        for i, part in enumerate(zip(np.split(tokens, parts), np.split(mask, parts))):
+            if self.mesh is not None:  # global arrays, rows over ("data", "fsdp")
+                part = sharding.global_batch(self.mesh, part, n)
+            pieces.append((*part, i * n * num_samples))
+        typed = isinstance(rng, jax.Array) and jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+        rng_impl = str(jax.random.key_impl(rng)) if typed else None
+        rng_bits = np.asarray(jax.random.key_data(rng) if typed else rng)
+        fns = self._functions(prompt_len, n, num_prompts * num_samples // parts, sampling, rng_impl)
+        return params, pieces, fns, rng_bits
 
-        def run_part(i):
-            rows = slice(i * n, (i + 1) * n)
-            state = prefill_fn(params, tokens[rows], mask[rows])
-            return decode_fn(params, state, rng, np.int32(i * n * num_samples))[1]
+    def __call__(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
+                 rng: jax.Array) -> SampleOutput:
+        params, parts, (prefill_fn, decode_fn), rng_bits = self._prepare(params, prompts, num_samples, sampling, rng)
 
-        if parts == 1:
-            outs = run_part(0)
-        else:
-            with concurrent.futures.ThreadPoolExecutor(parts) as pool:
-                # Each thread waits for its own result, so the parts run concurrently.
-                results = list(pool.map(lambda i: jax.block_until_ready(run_part(i)), range(parts)))
-            outs = tuple(jnp.concatenate(xs, axis=0) for xs in zip(*results))
-        mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = outs
-        return SampleOutput(
-            prompt_tokens_BxP=jnp.asarray(np.repeat(tokens, num_samples, axis=0)),
-            prompt_mask_BxP=mask_BxP,
-            tokens_BxC=tokens_BxC,
-            mask_BxC=mask_BxC,
-            truncated_B=truncated_B,
-            logprobs_BxC=logprobs_BxC,
-        )
+        def run_part(part) -> SampleOutput:
+            tokens, mask, first_row = part
+            state, prompt_tokens_BxP = prefill_fn(params, tokens, mask)
+            mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = decode_fn(
+                params, state, rng_bits, np.int32(first_row))[1]
+            return SampleOutput(prompt_tokens_BxP=prompt_tokens_BxP, prompt_mask_BxP=mask_BxP, tokens_BxC=tokens_BxC,
+                                mask_BxC=mask_BxC, truncated_B=truncated_B, logprobs_BxC=logprobs_BxC)
 
-    def _call_global(self, params, tokens, mask, num_prompts, num_samples, rng, prefill_fn, decode_fn):
-        """Multi-host: this process's prompt rows -> global arrays -> global SampleOutput."""
-        from grpo_jax import sharding
+        if len(parts) == 1:
+            return run_part(parts[0])
+        with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+            # Each thread waits for its own result, so the parts run concurrently.
+            results = list(pool.map(lambda part: jax.block_until_ready(run_part(part)), parts))
+        out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *results)
+        if self.mesh is not None:  # the single part's layout (a 1-device mesh: no data moves)
+            out = jax.device_put(out, sharding.batch_sharding(self.mesh))
+        return out
 
-        mesh = self.mesh
-        if num_prompts % sharding.batch_size_multiple(mesh):
-            raise ValueError(f"Sampler: {num_prompts} prompts over all processes must be a multiple of "
-                             f"data*fsdp = {sharding.batch_size_multiple(mesh)} on a multi-host mesh")
-        tokens_g, mask_g = sharding.global_batch(mesh, (tokens, mask), num_prompts)
-        # The key as host data: the same value on every process, replicated by jit.
-        rng = np.asarray(rng)
-        _, outs = decode_fn(params, prefill_fn(params, tokens_g, mask_g), rng, np.int32(0))
-        # Rows over ("data", "fsdp") whatever layout XLA chose, so process_rows reads this host's rows.
-        mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = sharding.put_sharded(
-            outs, sharding.batch_sharding(mesh))
-        prompt_tokens = sharding.global_batch(mesh, np.repeat(tokens, num_samples, axis=0),
-                                              num_prompts * num_samples)
-        return SampleOutput(
-            prompt_tokens_BxP=prompt_tokens,
-            prompt_mask_BxP=mask_BxP,
-            tokens_BxC=tokens_BxC,
-            mask_BxC=mask_BxC,
-            truncated_B=truncated_B,
-            logprobs_BxC=logprobs_BxC,
-        )
+    def lower(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
+              rng: jax.Array) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
+        """The prefill and decode programs that `__call__` with these arguments runs (its first
+        part), lowered: `.compile()` gives their input shardings and per-device HLO (`as_text()`)."""
+        params, parts, (prefill_fn, decode_fn), rng_bits = self._prepare(params, prompts, num_samples, sampling, rng)
+        tokens, mask, first_row = parts[0]
+        prefill_lowered = prefill_fn.lower(params, tokens, mask)
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefill_lowered.out_info[0])
+        return prefill_lowered, decode_fn.lower(params, state, rng_bits, np.int32(first_row))

@@ -18,6 +18,7 @@ import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import sharding
 from grpo_jax.sampler import Sampler, SamplingConfig
 
 # SFT examples come from their own index range of the task's training stream, so the warm-up and the
@@ -71,10 +72,16 @@ def make_sft_step(graphdef, tx):
 
 
 def greedy_accuracy(sampler: Sampler, params, tokenizer, task, examples, *, max_new_tokens: int) -> float:
-    """Fraction of `examples` whose greedy answer passes the task's checker."""
+    """Fraction of `examples` whose greedy answer passes the task's checker.
+
+    On a mesh the sampler splits rows over data x fsdp, so the batch is padded with repeats of the
+    last example to a multiple of that (the repeats are not counted)."""
+    mesh = getattr(sampler, "mesh", None)
+    multiple = sharding.batch_size_multiple(mesh) if mesh is not None else 1
+    padded = list(examples) + [examples[-1]] * (-len(examples) % multiple)
     out = sampler(
         params,
-        [tokenizer.encode(ex["prompt"]) for ex in examples],
+        [tokenizer.encode(ex["prompt"]) for ex in padded],
         num_samples=1,
         sampling=SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
         rng=jax.random.PRNGKey(0),
@@ -99,8 +106,12 @@ def warm_up(
     max_new_tokens: int,
     seed: int,
     log_fn: Callable[[str], None] = print,
+    mesh=None,
 ):
-    """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats)."""
+    """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats).
+
+    With `mesh`, each batch's rows are split over ("data", "fsdp") like the GRPO update's (one
+    process; a batch that does not divide is replicated)."""
     tx = optax.adamw(sft.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
     opt_state = tx.init(params)
     step_fn = make_sft_step(graphdef, tx)
@@ -116,6 +127,9 @@ def warm_up(
         start = int(rng.integers(0, 1 << 30))
         batch = [task.train_example(_SFT_OFFSET + start + i) for i in range(sft.batch_size)]
         tokens, attention, answer_mask = sft_batch(tokenizer, batch, max_answer_tokens=max_new_tokens)
+        if mesh is not None and len(batch) % sharding.batch_size_multiple(mesh) == 0:
+            tokens, attention, answer_mask = jax.device_put((tokens, attention, answer_mask),
+                                                            sharding.batch_sharding(mesh))
         params, opt_state, loss = step_fn(params, opt_state, tokens, attention, answer_mask)
         if step % sft.eval_every == 0 or step == sft.steps:
             acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens)

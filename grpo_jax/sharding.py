@@ -44,17 +44,6 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Batch rows are split over both batch-like axes: fsdp devices hold different rows too.
 BATCH_AXES = ("data", "fsdp")
 
-# Activation layouts for training, one per named intermediate (same letters as model.py). They pin
-# XLA's choice where propagation is ambiguous; `constrain` applies one inside jitted code.
-ACTIVATIONS: dict[str, tuple] = {
-    "tokens_BxT": (BATCH_AXES, None),
-    "hidden_BxTxD": (BATCH_AXES, None, None),
-    "heads_BxTxNxH": (BATCH_AXES, None, "tensor", None),
-    "mlp_BxTxF": (BATCH_AXES, None, "tensor"),
-    "logits_BxTxV": (BATCH_AXES, None, "tensor"),
-    "per_token_BxC": (BATCH_AXES, None),
-}
-
 
 # ----------------------------------------------------------------------------------------------
 # The mesh.
@@ -162,17 +151,22 @@ def decode_param_shardings(mesh: Mesh, params):
 def decode_params(mesh: Mesh, params, dtype=None):
     """The sampler's copy of the policy: `decode_param_shardings`, cast to `dtype` if given.
 
-    The model casts every weight to its compute dtype before use, so a copy already in that dtype
-    (bfloat16 for a bf16 model) samples exactly the same tokens at half the bytes of float32.
+    `jax.device_put` moves each weight device to device (an all-gather along fsdp for the training
+    layout) and leaves one already in the decode layout as it is. The model casts every weight to
+    its compute dtype before use, so a copy already in that dtype (bfloat16 for a bf16 model)
+    samples exactly the same tokens at half the bytes of float32.
     """
     import jax.numpy as jnp
 
+    shardings = decode_param_shardings(mesh, params)
+    params = jax.device_put(params, shardings)
+    if dtype is None:
+        return params
+
     def cast(tree):
-        if dtype is None:
-            return tree
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
-    return jax.jit(cast, out_shardings=decode_param_shardings(mesh, params))(params)
+    return jax.jit(cast, out_shardings=shardings)(params)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -211,14 +205,6 @@ def batch_sharding(mesh: Mesh, row_axis: int = 0) -> NamedSharding:
 def batch_size_multiple(mesh: Mesh) -> int:
     """Rows of every sharded batch must be a multiple of this (data * fsdp)."""
     return mesh.shape["data"] * mesh.shape["fsdp"]
-
-
-def constrain(x: jax.Array, mesh: Mesh, name: str) -> jax.Array:
-    """Inside jitted code: pins activation `name` (a key of ACTIVATIONS) to its training layout."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"constrain: unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
-    spec = fit_spec(P(*ACTIVATIONS[name]), x.shape, mesh)
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,9 +1,18 @@
-"""The jitted pieces of one GRPO step: the optimizer, the update, the log-prob pass.
+"""The jitted pieces of one GRPO step: the update and the log-prob pass, and how their metrics add up.
 
-`make_update_fn` builds `update(params, opt_state, batch) -> (params, opt_state, metrics)` (one
-jitted call: forward, GRPO loss, backward, AdamW; params and optimizer state donated);
-`make_logprob_fn` the reference (or recomputed pi_old) log-probs; `prompt_groups` decides where each
-prompt can run once for its G answers. `grpo_jax.train` drives them; research code can too.
+`make_update_fn` builds `update(params, opt_state, batch) -> (params, opt_state, metrics)`: one
+jitted call that runs forward, GRPO loss and backward over A micro-batches and one AdamW step
+(params and optimizer state donated). `make_logprob_fn` computes reference (or recomputed pi_old)
+log-probs with rows split over the mesh. `prompt_groups` decides where each prompt can run once
+for its G answers. `combine_update_metrics` reduces the metrics of a step's updates. The trainer
+(`grpo_jax.train`) drives them; research code can too.
+
+Exactness. Cutting a batch into micro-batches (gradient accumulation), devices (data parallel) or
+both must give the full batch's gradient. Every micro-batch's loss is its numerator over the
+*whole* optimizer batch's normaliser (`losses.loss_normalizer`: answers, real tokens or answers x
+budget), and the micro-batch gradients are added, never averaged: a mean of per-micro-batch means
+would weight the tokens of short micro-batches more under DAPO's token mean. Across devices the
+same holds because the arrays are global (jit sums over every row, wherever it lives).
 """
 
 from __future__ import annotations
@@ -14,36 +23,15 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import losses
 from grpo_jax import model as model_lib
+from grpo_jax import sharding
 
 log = logging.getLogger("grpo_jax")
-
-
-def make_optimizer(optim: config_lib.OptimSection, total_updates: int):
-    """AdamW with global-norm clipping and a warmup then constant or cosine schedule."""
-    if optim.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, optim.learning_rate, optim.warmup_steps, max(total_updates, optim.warmup_steps + 1)
-        )
-    elif optim.warmup_steps:
-        schedule = optax.join_schedules(
-            [
-                optax.linear_schedule(0.0, optim.learning_rate, optim.warmup_steps),
-                optax.constant_schedule(optim.learning_rate),
-            ],
-            [optim.warmup_steps],
-        )
-    else:
-        schedule = optax.constant_schedule(optim.learning_rate)
-    parts = [optax.clip_by_global_norm(optim.max_grad_norm)] if optim.max_grad_norm > 0 else []
-    parts.append(
-        optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay)
-    )
-    return optax.chain(*parts), schedule
 
 
 def as_dtype(tree, dtype):
@@ -59,7 +47,8 @@ def frozen_copy(tree, dtype):
     )
 
 
-def _global_norm(tree) -> jax.Array:
+def global_norm(tree) -> jax.Array:
+    """sqrt of the sum of squares of every leaf, in float32."""
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
@@ -83,16 +72,89 @@ jax.tree_util.register_dataclass(
     UpdateBatch, data_fields=[f.name for f in dataclasses.fields(UpdateBatch)], meta_fields=[]
 )
 
+# How one metric adds up over pieces of a batch (micro-batches in an update, updates in a step).
+# "share": the piece's part of a whole-batch value (loss over the whole batch's normaliser), summed;
+# "min" / "max": over the pieces that hold tokens; every other metric is a token mean, so the pieces'
+# values are weighted by their real-token counts (a piece whose tokens are all masked counts 0).
+_SHARES = ("loss", "policy_loss")
+
+
+def _reduction(name: str) -> str:
+    if name in _SHARES:
+        return "share"
+    if name.endswith("/min"):
+        return "min"
+    if name.endswith("/max"):
+        return "max"
+    return "token_mean"
+
+
+def _combine_micro_batches(metrics_A: dict[str, jax.Array], tokens_A: jax.Array) -> dict[str, jax.Array]:
+    """Metrics of A micro-batches ([A] each) -> the update's, by `_reduction` (inside jit)."""
+    has_tokens_A = tokens_A > 0
+    any_tokens = jnp.any(has_tokens_A)
+    total = jnp.maximum(tokens_A.sum(), 1.0)
+    out = {}
+    for name, v_A in metrics_A.items():
+        match _reduction(name):
+            case "share":
+                out[name] = v_A.sum()
+            case "min":
+                out[name] = jnp.where(any_tokens, jnp.where(has_tokens_A, v_A, jnp.inf).min(), v_A[0])
+            case "max":
+                out[name] = jnp.where(any_tokens, jnp.where(has_tokens_A, v_A, -jnp.inf).max(), v_A[0])
+            case _:
+                out[name] = (v_A * tokens_A).sum() / total
+    return out
+
+
+def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics of every update of one step (mu passes x minibatches) -> the step's.
+
+    Token means are weighted by each update's real tokens (`num_tokens`), min/max taken over all
+    updates, `loss`/`policy_loss` averaged over updates, and `grad_norm` reported as its mean with
+    `grad_norm/max` beside it. With `old_logprobs="sampler"` the first update has rho = 1 exactly,
+    so clip fractions and ratios only mean something over all updates.
+    """
+    if not per_update:
+        raise ValueError("combine_update_metrics: no updates")
+    tokens = np.array([float(m["num_tokens"]) for m in per_update])
+    weights = tokens / tokens.sum() if tokens.sum() > 0 else np.full(len(tokens), 1.0 / len(tokens))
+    has_tokens = tokens > 0 if tokens.sum() > 0 else np.ones(len(tokens), bool)
+    out: dict[str, float] = {}
+    for name in per_update[0]:
+        if name == "num_tokens":
+            continue
+        values = np.array([float(m[name]) for m in per_update])
+        if name == "grad_norm":
+            out["grad_norm"] = float(values.mean())
+            out["grad_norm/max"] = float(values.max())
+            continue
+        match _reduction(name):
+            case "share":
+                out[name] = float(values.mean())
+            case "min":
+                out[name] = float(values[has_tokens].min())
+            case "max":
+                out[name] = float(values[has_tokens].max())
+            case _:
+                out[name] = float((values * weights).sum())
+    return out
+
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
     """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
 
-    Gradients of the A micro-batches are averaged inside one jitted call (lax.scan), so gradient
-    accumulation costs no extra dispatch or host sync. group_size > 1: every micro-batch is whole
-    groups of that many rows sharing a prompt, each prompt run once (`token_logprobs`).
+    The A micro-batches of `batch` run in one jitted call (lax.scan), each contributing its share
+    of the whole batch's loss (module docstring), so accumulation is exact and costs no extra
+    dispatch or host sync. group_size > 1: every micro-batch is whole groups of that many rows
+    sharing a prompt, each prompt run once (`token_logprobs`).
+
+    metrics (float32 scalars): grpo_loss's, `entropy`, `sampling/sampling_logp_difference/mean`
+    (token means over the batch), `loss`, `grad_norm` (before clipping) and `num_tokens`.
     """
 
-    def loss_fn(params, mb: UpdateBatch):
+    def loss_fn(params, mb: UpdateBatch, normalizer):
         num_targets = mb.completion_mask.shape[-1]
         logp, entropy = model_lib.token_logprobs(
             graphdef,
@@ -117,52 +179,68 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             aggregation=grpo.aggregation,
             max_len=num_targets,
             ratio=grpo.ratio,
+            normalizer=normalizer,
         )
         mask = mb.completion_mask.astype(jnp.float32)
-        denom = jnp.maximum(mask.sum(), 1.0)
+        num_tokens = mask.sum()
+        denom = jnp.maximum(num_tokens, 1.0)
         metrics = dict(metrics)
         metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
         # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
         metrics["sampling/sampling_logp_difference/mean"] = jax.lax.stop_gradient(
             (jnp.abs(logp - mb.sampler_logp) * mask).sum() / denom
         )
-        return loss, metrics
+        metrics["loss"] = loss
+        return loss, (metrics, num_tokens)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def update(params, opt_state, batch: UpdateBatch):
-        def micro_step(grad_sum, mb):
-            (loss, metrics), grads = grad_fn(params, mb)
-            return jax.tree.map(jnp.add, grad_sum, grads), (loss, metrics)
-
-        num_micro = batch.completion_mask.shape[0]
+        num_micro, _, num_targets = batch.completion_mask.shape
+        normalizer = losses.loss_normalizer(
+            batch.completion_mask.reshape(-1, num_targets), grpo.aggregation, max_len=num_targets
+        )
         if num_micro == 1:
             # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
             # splits the program) and without a zeros tree plus an add over every parameter.
-            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
-            loss, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
+            (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer)
+            metrics, tokens_A = jax.tree.map(lambda x: x[None], metrics), tokens[None]
         else:
+
+            def micro_step(grad_sum, mb):
+                (_, aux), grads = grad_fn(params, mb, normalizer)
+                return jax.tree.map(jnp.add, grad_sum, grads), aux
+
             zeros = jax.tree.map(jnp.zeros_like, params)
-            grad_sum, (loss, metrics) = jax.lax.scan(micro_step, zeros, batch)
-            grads = jax.tree.map(lambda g: g / num_micro, grad_sum)
+            grads, (metrics, tokens_A) = jax.lax.scan(micro_step, zeros, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {
-            k: (v.min() if k.endswith("/min") else v.max() if k.endswith("/max") else v.mean())
-            for k, v in metrics.items()
-        }
-        metrics["loss"] = loss.mean()
-        metrics["grad_norm"] = _global_norm(grads)
+        metrics = _combine_micro_batches(metrics, tokens_A)
+        metrics["grad_norm"] = global_norm(grads)
+        metrics["num_tokens"] = tokens_A.sum()
         return params, opt_state, metrics
 
     return jax.jit(update, donate_argnums=(0, 1))
 
 
-def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32, group_size: int = 1):
-    """Jitted per-token log-probs of the completion part; params are upcast (bf16 reference).
-    group_size > 1: rows are whole groups sharing a prompt, each prompt run once."""
+def make_logprob_fn(
+    graphdef,
+    temperature: float,
+    *,
+    mesh=None,
+    params=None,
+    compute_dtype=jnp.float32,
+    group_size: int = 1,
+):
+    """Jitted `logprobs(params, tokens_BxS, attention_BxS, *, num_targets) -> logp_BxC` (float32).
 
-    @functools.partial(jax.jit, static_argnames="num_targets")
+    params are upcast to `compute_dtype` (a bf16 reference computes in float32). With `mesh` (and
+    `params`, any tree with the policy's structure, for its shardings), the rows of tokens,
+    attention and the output are split over ("data", "fsdp") and the weights take their training
+    layout, so each device computes B / (data * fsdp) rows. group_size > 1: rows are whole groups
+    sharing a prompt, each prompt run once.
+    """
+
     def logprobs(params, tokens, attention, num_targets):
         params = as_dtype(params, compute_dtype)
         return model_lib.token_logprobs(
@@ -175,7 +253,24 @@ def make_logprob_fn(graphdef, temperature: float, compute_dtype=jnp.float32, gro
             group_size=group_size,
         )
 
-    return logprobs
+    if mesh is None:
+        jitted = jax.jit(logprobs, static_argnums=3)
+    else:
+        if params is None:
+            raise ValueError("make_logprob_fn: a mesh needs `params` (for the weights' shardings)")
+        rows = sharding.batch_sharding(mesh)
+        jitted = jax.jit(
+            logprobs,
+            static_argnums=3,
+            in_shardings=(sharding.param_shardings(mesh, params), rows, rows),
+            out_shardings=rows,
+        )
+
+    def call(params, tokens, attention, *, num_targets: int):
+        return jitted(params, tokens, attention, num_targets)
+
+    call.jitted = jitted  # for inspecting the compiled program: call.jitted.lower(..., num_targets)
+    return call
 
 
 def prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multiple: int) -> tuple[int, int]:
@@ -200,3 +295,18 @@ def prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multip
             row_multiple,
         )
     return update_group, logprob_group
+
+
+@functools.cache
+def _minibatch_fn(mesh, num_micro: int):
+    def take(arrays, row_index):
+        return jax.tree.map(lambda x: x[row_index].reshape((num_micro, -1) + x.shape[1:]), arrays)
+
+    return jax.jit(take, out_shardings=sharding.batch_sharding(mesh, row_axis=1))
+
+
+def minibatch(full: UpdateBatch, row_index: np.ndarray, num_micro: int, mesh) -> UpdateBatch:
+    """The rows `row_index` of a step's batch (global arrays [B, ...]) as an UpdateBatch
+    [A, M, ...], each micro-batch's rows split over ("data", "fsdp"). A gather on the devices, so
+    one process and many run the same code (`row_index`: host ints, the same on every process)."""
+    return _minibatch_fn(mesh, num_micro)(full, np.asarray(row_index, np.int32))

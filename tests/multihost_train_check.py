@@ -62,15 +62,15 @@ def main(argv=None) -> int:
     from grpo_jax import train  # after initialize: nothing may touch a device before it
     from grpo_jax.config import EvalSection, MeshSection
     from test_train import SevensTask, tiny_config
+    from tolerances import ADAM_EPS_FOR_COMPARISONS
 
     cfg = tiny_config(args.run_dir)
     train_cfg = dataclasses.replace(cfg.train, steps=args.steps, checkpoint_every=0, export_hf=True,
                                     stop_after_steps=args.stop_after)
     cfg = dataclasses.replace(cfg, train=train_cfg,
                               mesh=MeshSection(data=-1),
-                              # Adam eps 1e-4 (not 1e-8): near-zero gradients' float32 noise (the two
-                              # runs sum in different orders) is not blown up to whole update steps.
-                              optim=dataclasses.replace(cfg.optim, eps=1e-4))
+                              # Adam eps 1e-4 (not 1e-8), as weight comparisons need (tests/tolerances.py).
+                              optim=dataclasses.replace(cfg.optim, eps=ADAM_EPS_FOR_COMPARISONS))
     task = SevensTask()
     if args.eval:
         cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))

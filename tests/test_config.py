@@ -33,6 +33,11 @@ def test_override_parses_by_field_type():
     ("eval.ks=[1, 16]", ["eval.ks", "16", "eval.num_samples=8"]),
     ("grpo.num_minibatches=3", ["grpo.num_minibatches", "divide", "128"]),
     ("grpo.beta", ["section.field=value"]),
+    # Settings that would silently do nothing: bf16 master weights round RL-sized updates away, and
+    # a reference resynced every N steps is never read without a KL term.
+    ("model.param_dtype=bfloat16", ["model.param_dtype='bfloat16'", "round", "model.dtype='bfloat16'"]),
+    ("grpo.ref_resync_every=10", ["grpo.ref_resync_every=10", "grpo.beta=0"]),
+    ("grpo.truncated_reward=one", ["grpo.truncated_reward", "at_most_zero", "as_scored"]),
 ])
 def test_bad_override_names_the_key(override, words):
     with pytest.raises(ConfigError) as err:
@@ -65,3 +70,14 @@ def test_missing_config_file_is_named(tmp_path):
 def test_sections_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().grpo.beta = 1.0
+
+
+def test_bf16_master_weights_really_do_not_move_at_rl_learning_rates():
+    # The reason behind the refusal above, measured: one AdamW step is ~lr in size; at lr 1e-6 a
+    # bf16 weight of 0.02 (spacing 2^-13 ~ 1.2e-4 there) does not change, a float32 one does.
+    import jax.numpy as jnp
+
+    w32 = jnp.float32(0.02)
+    assert float(w32 - jnp.float32(1e-6)) != float(w32)
+    w16 = jnp.bfloat16(0.02)
+    assert float(w16 - jnp.bfloat16(1e-6)) == float(w16)

@@ -17,11 +17,11 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from grpo_jax import hf
-from grpo_jax.model import ModelConfig, RopeScaling, forward
+from grpo_jax.model import ModelConfig, RopeScaling
+from full_forward import full_forward
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 ARCHS = ["llama", "qwen2", "qwen3"]
-_jit_forward = jax.jit(forward, static_argnums=0)
 
 
 def _params(model):
@@ -32,7 +32,7 @@ def _masked_max_diff(model, expected) -> float:
     tokens, mask = jnp.asarray(expected["tokens_BxT"]), jnp.asarray(expected["mask_BxT"])
     graphdef, params = nnx.split(model, nnx.Param)
     # Jitted: op-by-op eager execution of the model takes ~20 s on a busy 2-core machine.
-    logits = np.asarray(_jit_forward(graphdef, params, tokens, mask))
+    logits = np.asarray(full_forward(graphdef, params, tokens, mask))
     real = expected["mask_BxT"].astype(bool)  # padding positions' logits are unused by design
     return float(np.abs(logits - expected["logits_BxTxV"])[real].max())
 

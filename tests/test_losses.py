@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from grpo_jax.losses import (
+    aggregate,
     clipped_surrogate,
     grpo_loss,
     importance_ratio,
     kl_penalty,
+    loss_normalizer,
     per_token_entropy,
     token_entropy,
 )
@@ -309,3 +311,65 @@ def test_entropy_chunking_does_not_change_the_numbers():
     np.testing.assert_allclose(
         per_token_entropy(logits, chunk_elements=24), per_token_entropy(logits), rtol=1e-6
     )
+
+
+def test_aggregate_worked_example_and_the_mean_of_means_it_avoids():
+    # Two micro-batches of one answer each: a 1-token answer whose term is 1.0, and a 3-token
+    # answer whose terms are 0. Full batch: token mean 1/4, sequence mean (1/1 + 0/3)/2 = 1/2,
+    # constant (max_len 3) 1/(2*3). Averaging the two micro-batches' own token means would give
+    # (1 + 0)/2 = 1/2: the short answer's token counted 3x (DAPO's token mean exists to avoid that).
+    x = [jnp.array([[1.0, 0.0, 0.0]]), jnp.array([[0.0, 0.0, 0.0]])]
+    m = [jnp.array([[1, 0, 0]]), jnp.array([[1, 1, 1]])]
+    full_x, full_m = jnp.concatenate(x), jnp.concatenate(m)
+    for aggregation, want in (("token", 0.25), ("sequence", 0.5), ("constant", 1 / 6)):
+        full = float(aggregate(full_x, full_m, aggregation, max_len=3))
+        assert full == pytest.approx(want, rel=1e-6), aggregation
+        norm = sum(loss_normalizer(mk, aggregation, max_len=3) for mk in m)
+        assert float(norm) == float(loss_normalizer(full_m, aggregation, max_len=3))
+        accumulated = sum(float(aggregate(xk, mk, aggregation, max_len=3, normalizer=norm))
+                          for xk, mk in zip(x, m))
+        assert accumulated == pytest.approx(want, rel=1e-6), aggregation
+    mean_of_means = np.mean([float(aggregate(xk, mk, "token")) for xk, mk in zip(x, m)])
+    assert mean_of_means == 0.5
+
+
+def test_normalizer_counts_rows_tokens_or_budget():
+    mask = jnp.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]])
+    assert float(loss_normalizer(mask, "sequence")) == 3.0  # an all-padding row still counts (TRL)
+    assert float(loss_normalizer(mask, "token")) == 5.0
+    assert float(loss_normalizer(mask, "constant")) == 12.0  # N * T
+    assert float(loss_normalizer(mask, "constant", max_len=10)) == 30.0
+    assert float(loss_normalizer(jnp.zeros((2, 3)), "token")) == 1.0  # never 0: no NaN
+    with pytest.raises(ValueError, match="aggregation must be"):
+        aggregate(jnp.zeros((1, 2)), jnp.ones((1, 2)), "mean", normalizer=1.0)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+def test_accumulated_gradient_equals_full_batch_gradient(aggregation):
+    # Micro-batches of very different token counts (answers of 1..7 of 8 tokens, sorted so the
+    # first micro-batch holds the short ones): summing each micro-batch's loss over the whole
+    # batch's normaliser gives the full-batch loss and gradient, up to float32 summation order
+    # (a few dozen terms: relative error ~1e2 * 6e-8 ~ 1e-5).
+    ks = jax.random.split(jax.random.key(11), 4)
+    old = jax.random.uniform(ks[0], (12, 8), minval=-3.0, maxval=-0.05)
+    logp = old + 0.3 * jax.random.normal(ks[1], (12, 8))
+    ref = old + 0.2 * jax.random.normal(ks[2], (12, 8))
+    adv = jax.random.normal(ks[3], (12,))
+    lengths = np.sort(np.random.default_rng(1).integers(1, 8, 12))
+    mask = jnp.asarray((np.arange(8)[None, :] < lengths[:, None]).astype(np.float32))
+    kw = dict(beta=0.04, aggregation=aggregation, max_len=8, eps_high=0.28)
+
+    def full(lp):
+        return grpo_loss(lp, old, ref, adv, mask, **kw)[0]
+
+    def accumulated(lp, pieces=3):
+        rows = np.array_split(np.arange(12), pieces)
+        norm = sum(loss_normalizer(mask[r], aggregation, max_len=8) for r in rows)
+        return sum(grpo_loss(lp[r], old[r], ref[r], adv[r], mask[r], normalizer=norm, **kw)[0] for r in rows)
+
+    np.testing.assert_allclose(float(accumulated(logp)), float(full(logp)), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(jax.grad(accumulated)(logp), jax.grad(full)(logp), rtol=1e-5, atol=1e-7)
+    if aggregation == "token":  # the old mean of per-micro-batch means is measurably different
+        rows = np.array_split(np.arange(12), 3)
+        means = np.mean([float(grpo_loss(logp[r], old[r], ref[r], adv[r], mask[r], **kw)[0]) for r in rows])
+        assert abs(means - float(full(logp))) > 1e-3

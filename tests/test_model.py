@@ -10,13 +10,13 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax import model as M
+from full_forward import full_forward
 
 TINY = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=8)
 
 
 # Jitted once per graphdef: op-by-op execution compiles every op and is slow on a small CPU.
-_forward = jax.jit(M.forward, static_argnums=0)
 _token_logprobs = jax.jit(M.token_logprobs, static_argnums=0,
                           static_argnames=("num_targets", "temperature", "return_entropy", "chunk_size"))
 
@@ -129,7 +129,7 @@ def test_forward_matches_numpy_reference_with_left_padding(flags):
     graphdef, params = _split(config)
     tokens = np.array([[3, 9, 1, 30, 7, 2], [0, 0, 5, 11, 36, 4]], np.int32)
     mask = np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], np.int32)
-    got = np.asarray(_forward(graphdef, params, tokens, mask))
+    got = np.asarray(full_forward(graphdef, params, tokens, mask))
     want = _numpy_reference(config, params, tokens, mask)
     real = mask.astype(bool)
     np.testing.assert_allclose(got[real], want[real], atol=2e-5, rtol=1e-5)
@@ -140,8 +140,8 @@ def test_left_padding_does_not_change_real_token_logits():
     # The same 4 tokens alone, or after 3 pads: positions restart at 0 on the first real token.
     config = M.ModelConfig(**TINY)
     graphdef, params = _split(config)
-    alone = _forward(graphdef, params, jnp.array([[4, 8, 15, 16]]), jnp.ones((1, 4), jnp.int32))
-    padded = _forward(graphdef, params, jnp.array([[0, 0, 0, 4, 8, 15, 16]]),
+    alone = full_forward(graphdef, params, jnp.array([[4, 8, 15, 16]]), jnp.ones((1, 4), jnp.int32))
+    padded = full_forward(graphdef, params, jnp.array([[0, 0, 0, 4, 8, 15, 16]]),
                        jnp.array([[0, 0, 0, 1, 1, 1, 1]]))
     np.testing.assert_allclose(padded[:, 3:], alone, atol=1e-5)
     # Tokens-only call: causal over everything, positions 0..T-1.
@@ -166,7 +166,7 @@ def test_token_logprobs_equal_log_softmax_of_full_forward_and_entropy_formula():
     tokens = jnp.array([[0, 0, 5, 11, 36, 4, 9], [3, 9, 1, 30, 7, 2, 2]])
     mask = jnp.array([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
     temperature = 0.7
-    logits = _forward(graphdef, params, tokens, mask)
+    logits = full_forward(graphdef, params, tokens, mask)
     logp_all = jax.nn.log_softmax(logits / temperature, -1)
     # Token t is predicted at position t - 1: targets 4..6 come from positions 3..5.
     want = np.take_along_axis(np.asarray(logp_all[:, 3:6]), np.asarray(tokens[:, 4:, None]), -1)[..., 0]
@@ -222,8 +222,8 @@ def test_bfloat16_compute_stays_close_to_float32():
     graphdef, params = _split(f32)
     bf16_graphdef, _ = nnx.split(M.init_model(M.ModelConfig(**TINY, dtype="bfloat16"), 0), nnx.Param)
     tokens, mask = jnp.array([[3, 9, 1, 30, 7]]), jnp.ones((1, 5), jnp.int32)
-    a = _forward(graphdef, params, tokens, mask)
-    b = _forward(bf16_graphdef, params, tokens, mask)
+    a = full_forward(graphdef, params, tokens, mask)
+    b = full_forward(bf16_graphdef, params, tokens, mask)
     assert b.dtype == jnp.float32
     np.testing.assert_allclose(a, b, atol=0.05)
     assert not np.allclose(a, b, atol=1e-6)  # bf16 really was used
@@ -236,10 +236,10 @@ def test_caller_positions_beyond_the_sequence_length_shift_rope_only():
     graphdef, params = _split(config)
     tokens = jnp.array([[5, 11, 36, 4]])
     mask = jnp.ones_like(tokens)
-    base = _forward(graphdef, params, tokens, mask)
-    shifted = _forward(graphdef, params, tokens, mask, jnp.arange(10, 14)[None])
+    base = full_forward(graphdef, params, tokens, mask)
+    shifted = full_forward(graphdef, params, tokens, mask, jnp.arange(10, 14)[None])
     np.testing.assert_allclose(shifted, base, atol=1e-4)
-    assert not np.allclose(_forward(graphdef, params, tokens, mask, jnp.array([[0, 2, 4, 6]])), base, atol=1e-3)
+    assert not np.allclose(full_forward(graphdef, params, tokens, mask, jnp.array([[0, 2, 4, 6]])), base, atol=1e-3)
 
 
 @pytest.mark.parametrize("extra, atol", [(dict(qkv_bias=True), 1e-5), (dict(qk_norm=True), 1e-5),

@@ -8,6 +8,7 @@ from flax import nnx
 
 from grpo_jax import model as M
 from grpo_jax import sampler as S
+from full_forward import full_forward
 
 # One layer keeps compiles short; the cached-decode test uses two so the per-layer caches chain.
 CONFIG = M.ModelConfig(vocab_size=29, hidden_size=16, intermediate_size=24, num_layers=1, num_heads=4,
@@ -15,7 +16,6 @@ CONFIG = M.ModelConfig(vocab_size=29, hidden_size=16, intermediate_size=24, num_
 EOS, PAD = 2, 0
 PROMPTS = [[5, 9, 3], [7, 1, 4, 8, 6, 11, 12]]  # different lengths: the first is left padded
 
-_forward = jax.jit(M.forward, static_argnums=0)
 
 
 @jax.jit
@@ -48,7 +48,7 @@ def _full_logits(graphdef, params, out):
     tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
     mask = jnp.concatenate([out.prompt_mask_BxP, jnp.ones_like(out.tokens_BxC)], axis=1)
     p, c = out.prompt_tokens_BxP.shape[1], out.tokens_BxC.shape[1]
-    return np.asarray(_forward(graphdef, params, tokens, mask)[:, p - 1 : p - 1 + c])
+    return np.asarray(full_forward(graphdef, params, tokens, mask)[:, p - 1 : p - 1 + c])
 
 
 def test_cached_decode_reproduces_full_forward_logits_step_by_step():
@@ -74,7 +74,7 @@ def test_cached_decode_reproduces_full_forward_logits_step_by_step():
 
     full_tokens = np.concatenate([np.repeat(tokens, g, 0), forced], axis=1)
     full_mask = np.concatenate([np.repeat(mask, g, 0), np.ones_like(forced)], axis=1)
-    full = np.asarray(_forward(graphdef, params, full_tokens, full_mask))[:, p - 1 : p - 1 + c]
+    full = np.asarray(full_forward(graphdef, params, full_tokens, full_mask))[:, p - 1 : p - 1 + c]
     np.testing.assert_allclose(cached, full, atol=1e-5, rtol=1e-5)
 
 
@@ -263,3 +263,39 @@ def test_threads_split_the_prompts_and_sample_the_same(model):
     assert odd.num_traces == 1 and list(odd._compiled)[0][1] == 3
     with pytest.raises(ValueError, match="threads"):
         S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=0)
+
+
+def test_prefill_rows_put_each_prompt_once_on_every_device_that_holds_its_rows():
+    # 16 prompts over 8 row devices: each prompt once, 2 per device.
+    assert S.prefill_rows(16, 8, 8) == 16
+    # W1 on 8 devices, 4 prompts x G=8: one prompt per device, each prompt on the two devices
+    # that hold its 8 rows (4 each), instead of all 4 prompts on every device.
+    assert S.prefill_rows(4, 8, 8) == 8
+    # 6 prompts x G=2 over 4: M = lcm(6, 4) = 12 (3 per device); device 0's rows 0-2 are prompts
+    # 0, 0, 1, so it prefills prompt 0 twice: at most one copy too many per device.
+    assert S.prefill_rows(6, 2, 4) == 12
+    assert S.prefill_rows(3, 5, 1) == 3
+    with pytest.raises(ValueError, match=r"3 prompts x 2 samples = 6 rows do not split over data\*fsdp = 4"):
+        S.prefill_rows(3, 2, 4)
+
+
+def test_threads_on_a_one_device_mesh_sample_the_same_rows_sharded(model):
+    # The trainer always passes a mesh (one device on a laptop) and 2 threads on a CPU.
+    from grpo_jax import sharding
+
+    graphdef, params = model
+    mesh = sharding.make_mesh()
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
+    sampling = S.SamplingConfig(max_new_tokens=5, temperature=1.0)
+    plain = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD)(
+        params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
+    sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, threads=2)
+    out = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
+    assert list(sampler._compiled)[0][1] == 2  # two parts of 2 prompts
+    for field in ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B"):
+        got = getattr(out, field)
+        assert got.sharding.is_equivalent_to(sharding.batch_sharding(mesh), got.ndim), field
+        np.testing.assert_array_equal(sharding.process_rows(got), np.asarray(getattr(plain, field)), err_msg=field)
+    # The same per-row arithmetic, its matmuls blocked for 6 rows instead of 12: a few float32 ulps
+    # of log-probs below 10 in size (ulp(8) = 1e-6).
+    np.testing.assert_allclose(np.asarray(out.logprobs_BxC), np.asarray(plain.logprobs_BxC), atol=1e-5)

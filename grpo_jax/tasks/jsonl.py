@@ -30,7 +30,6 @@ from grpo_jax.rewards.math_verify import fast_number
 
 from .base import (
     RewardSpec,
-    batched_reward,
     check_choice,
     check_format_weight,
     check_fraction,

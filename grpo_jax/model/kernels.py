@@ -1,0 +1,78 @@
+"""Elementwise and matmul kernels of the decoder: `rms_norm`, and `dense` and `swiglu`, whose custom
+VJPs lay out the backward pass for XLA's CPU backend (each docstring says what autodiff did instead).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x * rsqrt(mean(x^2) + eps) * scale over the last axis, statistics in float32 (as HF)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+@jax.custom_vjp
+def dense(x_BxTxD: jax.Array, w_DxF: jax.Array) -> jax.Array:
+    """x_BxTxD @ w_DxF -> [B, T, F], with a backward pass laid out for XLA's CPU matmul kernels.
+
+    dy is materialised once. The input gradient is dy @ w^T contracting both minor axes (no copy
+    of w). The weight gradient x^T @ dy uses an explicit transposed copy of x when D <= F (a plain
+    [D, BT] x [BT, F] matmul), else contracts the row axis of x and dy directly: the fastest of
+    the layouts measured on W1's shapes. Left to itself XLA transposed dy (the larger operand),
+    fused with the elementwise backward of SwiGLU into slow strided loops (benchmarks/NOTES.md).
+    """
+    return jnp.einsum("btd,df->btf", x_BxTxD, w_DxF)
+
+
+def _dense_fwd(x_BxTxD, w_DxF):
+    return dense(x_BxTxD, w_DxF), (x_BxTxD, w_DxF)
+
+
+def _dense_bwd(res, dy_BxTxF):
+    x_BxTxD, w_DxF = res
+    d, f = w_DxF.shape
+    barrier = jax.lax.optimization_barrier
+    # dy materialised once (not recomputed inside each matmul that reads it).
+    dy_NxF = barrier(dy_BxTxF.reshape(-1, f).astype(x_BxTxD.dtype))
+    x_NxD = x_BxTxD.reshape(-1, d)
+    dx_NxD = jax.lax.dot_general(dy_NxF, w_DxF.astype(dy_NxF.dtype), (((1,), (1,)), ((), ())))
+    if d <= f:
+        dw = jnp.dot(barrier(x_NxD.T), dy_NxF, preferred_element_type=jnp.float32)
+    else:  # [N, D] x [N, F] contracting N: as fast as it gets here when D > F (measured)
+        dw = jax.lax.dot_general(x_NxD, dy_NxF, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return dx_NxD.reshape(x_BxTxD.shape).astype(x_BxTxD.dtype), dw.astype(w_DxF.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def swiglu(gate_up_BxTx2F: jax.Array) -> jax.Array:
+    """silu(gate) * up from the fused [..., 2F] projection (gate first): [B, T, F].
+
+    The backward writes d(gate | up) as one [..., 2F] array with the sigmoid computed once;
+    differentiated as two slices, XLA formed each half's padded gradient and added them.
+    """
+    gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
+    return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate_up_BxTx2F):
+    gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
+    sig = jax.nn.sigmoid(gate)
+    # The sigmoid is kept for the backward (one exp per element in all, not two).
+    return gate * sig * up, (gate, up, sig)
+
+
+def _swiglu_bwd(res, dh_BxTxF):
+    gate, up, sig = res
+    # d silu(a) / da = s + a s (1 - s) = s (1 + a (1 - s))
+    d_gate = dh_BxTxF * up * sig * (1 + gate * (1 - sig))
+    return (jnp.concatenate([d_gate, dh_BxTxF * gate * sig], axis=-1),)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)

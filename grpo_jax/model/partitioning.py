@@ -1,0 +1,52 @@
+"""The PartitionSpec table: weight name -> mesh axes, and `partition_specs` applying it to a param tree."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+# One table: weight name -> PartitionSpec over mesh axes ("data", "fsdp", "tensor").
+# "data" never shards weights (it splits the batch); "fsdp" shards the hidden dimension D of
+# every matrix; "tensor" shards heads, the MLP width and the vocabulary (Megatron style).
+SHARDING: dict[str, tuple[str | None, ...]] = {
+    "embed": ("tensor", "fsdp"),            # [V, D]
+    "attn_norm": (None,),                   # [D]
+    "q_proj": ("fsdp", "tensor", None),     # [D, N, H]
+    "k_proj": ("fsdp", "tensor", None),     # [D, K, H]
+    "v_proj": ("fsdp", "tensor", None),     # [D, K, H]
+    "o_proj": ("tensor", None, "fsdp"),     # [N, H, D]
+    "q_bias": ("tensor", None),             # [N, H]
+    "k_bias": ("tensor", None),             # [K, H]
+    "v_bias": ("tensor", None),             # [K, H]
+    "q_norm": (None,),                      # [H]
+    "k_norm": (None,),                      # [H]
+    "mlp_norm": (None,),                    # [D]
+    "gate_proj": ("fsdp", "tensor"),        # [D, F]
+    "up_proj": ("fsdp", "tensor"),          # [D, F]
+    "down_proj": ("tensor", "fsdp"),        # [F, D]
+    "final_norm": (None,),                  # [D]
+    "lm_head": ("fsdp", "tensor"),          # [D, V]
+}
+
+
+def partition_specs(params):
+    """PartitionSpec per weight, same tree as `params`, read from the SHARDING table by name."""
+
+    def spec(path, leaf):
+        # Innermost named key wins: ('layers', 0, 'attn', 'q_proj', .value) -> 'q_proj'.
+        names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        for name in reversed(names):
+            if name in SHARDING:
+                if len(SHARDING[name]) != jnp.ndim(leaf):
+                    raise ValueError(
+                        f"partition_specs: weight {name!r} has shape {jnp.shape(leaf)} but the "
+                        f"SHARDING table gives {SHARDING[name]} ({len(SHARDING[name])} dims)"
+                    )
+                return P(*SHARDING[name])
+        raise ValueError(
+            f"partition_specs: no SHARDING entry for {jax.tree_util.keystr(path)}; "
+            f"known weights: {sorted(SHARDING)}"
+        )
+
+    return jax.tree_util.tree_map_with_path(spec, params)

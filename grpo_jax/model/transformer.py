@@ -1,0 +1,321 @@
+"""The decoder as Flax NNX modules (Attention, MLP, Block, Transformer) and its initialisation.
+
+Parameter tree (names are stable; `hf.py` maps Hugging Face tensors onto them):
+
+    embed                      [V, D]      HF model.embed_tokens.weight            (same layout)
+    layers[i].attn_norm        [D]         HF layers.i.input_layernorm.weight
+    layers[i].attn.q_proj      [D, N, H]   HF self_attn.q_proj.weight [N*H, D] -> .T.reshape(D, N, H)
+    layers[i].attn.k_proj      [D, K, H]   HF self_attn.k_proj.weight [K*H, D] -> .T.reshape(D, K, H)
+    layers[i].attn.v_proj      [D, K, H]   HF self_attn.v_proj.weight [K*H, D] -> .T.reshape(D, K, H)
+    layers[i].attn.o_proj      [N, H, D]   HF self_attn.o_proj.weight [D, N*H] -> .T.reshape(N, H, D)
+    layers[i].attn.q_bias      [N, H]      HF self_attn.q_proj.bias [N*H]          (qkv_bias only)
+    layers[i].attn.k_bias      [K, H]      HF self_attn.k_proj.bias [K*H]          (qkv_bias only)
+    layers[i].attn.v_bias      [K, H]      HF self_attn.v_proj.bias [K*H]          (qkv_bias only)
+    layers[i].attn.q_norm      [H]         HF self_attn.q_norm.weight              (qk_norm only)
+    layers[i].attn.k_norm      [H]         HF self_attn.k_norm.weight              (qk_norm only)
+    layers[i].mlp_norm         [D]         HF layers.i.post_attention_layernorm.weight
+    layers[i].mlp.gate_proj    [D, F]      HF mlp.gate_proj.weight [F, D] -> .T
+    layers[i].mlp.up_proj      [D, F]      HF mlp.up_proj.weight [F, D] -> .T
+    layers[i].mlp.down_proj    [F, D]      HF mlp.down_proj.weight [D, F] -> .T
+    final_norm                 [D]         HF model.norm.weight
+    lm_head                    [D, V]      HF lm_head.weight [V, D] -> .T          (untied only)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from grpo_jax.model.attention import KVCache, attend, attend_after_shared_prompt, attend_one_query
+from grpo_jax.model.config import DTYPES, ModelConfig
+from grpo_jax.model.kernels import dense, rms_norm, swiglu
+from grpo_jax.model.partitioning import SHARDING
+from grpo_jax.model.rope import Rope, apply_rope, rope_inv_freq, rope_tables
+
+
+def _param(name: str, value: jax.Array) -> nnx.Param:
+    # eager_sharding=False: keep the annotation as metadata only; flax 0.12 would otherwise try to
+    # place the value on a mesh at construction, and there is none on one device.
+    return nnx.Param(value, out_sharding=SHARDING[name], eager_sharding=False)
+
+
+class _NormalPool:
+    """Hands out consecutive slices of ONE N(0, 0.02^2) draw (0.02: HF's initializer_range).
+
+    One draw instead of one per weight: each jax.random.normal of a new shape is its own
+    threefry program, and compiling one per weight dominated start-up on a small CPU
+    (benchmarks/NOTES.md).
+    """
+
+    def __init__(self, key: jax.Array, size: int, dtype):
+        self._values = 0.02 * jax.random.normal(key, (size,), jnp.float32)
+        self._offset = 0
+        self._dtype = dtype
+
+    def take(self, shape: tuple[int, ...]) -> jax.Array:
+        n = math.prod(shape)
+        out = self._values[self._offset : self._offset + n].reshape(shape).astype(self._dtype)
+        self._offset += n
+        return out
+
+
+def _num_random_weights(c: "ModelConfig") -> int:
+    d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+    per_layer = d * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * d * f
+    return v * d * (1 if c.tie_embeddings else 2) + c.num_layers * per_layer
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        c, pd = config, DTYPES[config.param_dtype]
+        self.config = config
+        self.q_proj = _param("q_proj", normals.take((c.hidden_size, c.num_heads, c.head_dim)))
+        self.k_proj = _param("k_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
+        self.v_proj = _param("v_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
+        self.o_proj = _param("o_proj", normals.take((c.num_heads, c.head_dim, c.hidden_size)))
+        if c.qkv_bias:
+            self.q_bias = _param("q_bias", jnp.zeros((c.num_heads, c.head_dim), pd))
+            self.k_bias = _param("k_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
+            self.v_bias = _param("v_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
+        if c.qk_norm:
+            self.q_norm = _param("q_norm", jnp.ones((c.head_dim,), pd))
+            self.k_norm = _param("k_norm", jnp.ones((c.head_dim,), pd))
+
+    def _qkv(self, x_BxTxD, rope: Rope):
+        """Queries [B, T, N, H] and keys, values [B, T, K, H] (compute dtype), RoPE applied."""
+        c = self.config
+        dt = DTYPES[c.dtype]
+        x = x_BxTxD.astype(dt)
+        b, t = x.shape[:2]
+        n, kv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        if t == 1:
+            # Decode: three matmuls on the weights as stored; a concatenated copy would be rebuilt
+            # (a full weight read and write) at every step of the while_loop.
+            q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
+            k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
+            v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+        else:
+            # One [D, (N + 2K) H] matmul instead of three: fewer, larger dots run nearer the CPU's
+            # matmul peak, forward and backward (benchmarks/NOTES.md).
+            w_qkv = jnp.concatenate([self.q_proj[...].reshape(c.hidden_size, n * hd),
+                                     self.k_proj[...].reshape(c.hidden_size, kv * hd),
+                                     self.v_proj[...].reshape(c.hidden_size, kv * hd)], axis=1).astype(dt)
+            qkv = dense(x, w_qkv)
+            q = qkv[..., : n * hd].reshape(b, t, n, hd)
+            k = qkv[..., n * hd : (n + kv) * hd].reshape(b, t, kv, hd)
+            v = qkv[..., (n + kv) * hd :].reshape(b, t, kv, hd)
+        if c.qkv_bias:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        if c.qk_norm:  # Qwen3: RMSNorm over head_dim before RoPE
+            q = rms_norm(q, self.q_norm[...], c.rms_norm_eps)
+            k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
+        return q, k, v
+
+    def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC) -> jax.Array:
+        """Attention for N sequences laid out as one prompt then its G completions, L = P + G*C.
+
+        Same results as running the N*G rows [prompt, completion] through `__call__`, with the
+        prompt's projections computed once instead of G times. Returns [N, L, D].
+        """
+        c = self.config
+        n, p = prompt_mask_NxP.shape
+        _, g, cl = completion_mask_NxGxC.shape
+        kv, r, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        q, k, v = self._qkv(x_NxLxD, rope)
+        k_prompt, v_prompt = k[:, :p].transpose(0, 2, 3, 1), v[:, :p].transpose(0, 2, 1, 3)
+        visible_NxPxP = (prompt_mask_NxP[:, None, :] > 0) & (
+            jnp.arange(p)[None, :] <= jnp.arange(p)[:, None])[None]
+        out_prompt = attend(q[:, :p], k_prompt, v_prompt, visible_NxPxP)  # [N, K, R, P, H]
+        out_prompt_NxPxNH = out_prompt.transpose(0, 3, 1, 2, 4).reshape(n, p, c.num_heads * hd)
+        out_completion = attend_after_shared_prompt(
+            q[:, p:].reshape(n, g, cl, kv, r, hd), k_prompt, v_prompt, prompt_mask_NxP,
+            k[:, p:].reshape(n, g, cl, kv, hd), v[:, p:].reshape(n, g, cl, kv, hd), completion_mask_NxGxC)
+        out_NxLxNH = jnp.concatenate([out_prompt_NxPxNH, out_completion.reshape(n, g * cl, -1)], axis=1)
+        w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * hd, c.hidden_size)
+        return dense(out_NxLxNH, w_o)
+
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache: KVCache | None,
+                 write_index) -> tuple[jax.Array, KVCache]:
+        """Attention of T queries at cache slots write_index + [0, T) over S key slots.
+
+        cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
+        returned KVCache holds them (keys [B, K, H, T], values [B, K, T, H]). Otherwise this step's
+        k/v are written into the cache at write_index (dynamic_update_slice) and the updated cache
+        is returned.
+        key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
+        key_mask[b, s] and s <= q (causal).
+        """
+        c = self.config
+        dt = DTYPES[c.dtype]
+        b, t = x_BxTxD.shape[:2]
+        n, hd = c.num_heads, c.head_dim
+        q, k, v = self._qkv(x_BxTxD, rope)
+        k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+        if cache is None:
+            cache = KVCache(k_BxKxHxT, v_BxKxTxH)
+        else:
+            zero, slot = jnp.zeros((), jnp.int32), jnp.asarray(write_index, jnp.int32)
+            cache = KVCache(
+                jax.lax.dynamic_update_slice(cache.k_BxKxHxS, k_BxKxHxT.astype(cache.k_BxKxHxS.dtype),
+                                             (zero, zero, zero, slot)),
+                jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype),
+                                             (zero, zero, slot, zero)),
+            )
+        keys, values = cache.k_BxKxHxS.astype(dt), cache.v_BxKxSxH.astype(dt)
+        s = keys.shape[3]
+        q_slot_T = jnp.asarray(write_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
+            jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_T[None, :, None]
+        )
+        kernel = attend_one_query if t == 1 else attend
+        out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
+        g = c.num_heads // c.num_kv_heads
+        o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
+        if t == 1:
+            return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
+        # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
+        out_BxTxNH = out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * hd)
+        return dense(out_BxTxNH, o_KxGxHxD.reshape(n * hd, c.hidden_size)), cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        c = config
+        self.config = config
+        self.gate_proj = _param("gate_proj", normals.take((c.hidden_size, c.intermediate_size)))
+        self.up_proj = _param("up_proj", normals.take((c.hidden_size, c.intermediate_size)))
+        self.down_proj = _param("down_proj", normals.take((c.intermediate_size, c.hidden_size)))
+
+    def __call__(self, x_BxTxD):
+        dt = DTYPES[self.config.dtype]
+        x = x_BxTxD.astype(dt)
+        if x.shape[1] == 1:  # decode: no per-step weight concatenation (see Attention)
+            gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
+            up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
+            return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+        # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
+        w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
+        return dense(swiglu(dense(x, w_gate_up)), self.down_proj[...].astype(dt))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, normals: _NormalPool):
+        pd = DTYPES[config.param_dtype]
+        self.config = config
+        self.attn_norm = _param("attn_norm", jnp.ones((config.hidden_size,), pd))
+        self.attn = Attention(config, normals)
+        self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
+        self.mlp = MLP(config, normals)
+
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index):
+        eps = self.config.rms_norm_eps
+        attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), rope, key_mask_BxS, cache,
+                                    write_index)
+        x = x_BxTxD + attn_out
+        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
+
+    def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC):
+        """`__call__` for the one-prompt-then-G-completions layout (Attention.shared_prompt)."""
+        eps = self.config.rms_norm_eps
+        x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), rope,
+                                              prompt_mask_NxP, completion_mask_NxGxC)
+        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+
+
+def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
+    """cumsum(mask) - 1 clipped at 0: each row's first real token sits at position 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Transformer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, pd = config, DTYPES[config.param_dtype]
+        self.config = config
+        normals = _NormalPool(rngs.params(), _num_random_weights(c), pd)
+        self.embed = _param("embed", normals.take((c.vocab_size, c.hidden_size)))
+        self.layers = nnx.List([Block(c, normals) for _ in range(c.num_layers)])
+        self.final_norm = _param("final_norm", jnp.ones((c.hidden_size,), pd))
+        if not c.tie_embeddings:
+            self.lm_head = _param("lm_head", normals.take((c.hidden_size, c.vocab_size)))
+        assert normals._offset == normals._values.size, "_num_random_weights disagrees with the layers"
+
+    def __call__(self, tokens_BxT, *, positions_BxT=None, attention_mask_BxT=None):
+        """Logits [B, T, V] float32. No mask: causal over all T tokens, positions 0..T-1."""
+        if attention_mask_BxT is None:
+            attention_mask_BxT = jnp.ones(tokens_BxT.shape, jnp.int32)
+        max_position = None  # caller's positions: any values, computed directly
+        if positions_BxT is None:
+            positions_BxT, max_position = default_positions(attention_mask_BxT), tokens_BxT.shape[1]
+        h_BxTxD, _ = self.hidden_states(tokens_BxT, positions_BxT, attention_mask_BxT,
+                                        max_position=max_position)
+        return self.logits(h_BxTxD)
+
+    def hidden_states(self, tokens_BxT, positions_BxT, key_mask_BxS, caches=None, write_index=0,
+                      max_position: int | None = None):
+        """Final-normed hidden states [B, T, D] (compute dtype) and one KVCache per layer.
+
+        caches None: S = T, the tokens attend to themselves (causal, key_mask = attention mask),
+        and the returned caches hold their keys [B, K, H, T] and values [B, K, T, H]. Otherwise the
+        tokens occupy slots write_index + [0, T) of the given caches (decode) and the updated caches
+        return. max_position: a bound the caller guarantees on every position (0 <= p < it), which
+        lets RoPE use a lookup table (`rope_tables`); positions from `default_positions` stay below T.
+        """
+        c = self.config
+        x = self.embed[...][tokens_BxT].astype(DTYPES[c.dtype])
+        rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype, max_position=max_position)
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            x, cache = layer(x, rope, key_mask_BxS, None if caches is None else caches[i], write_index)
+            new_caches.append(cache)
+        return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
+
+    def shared_prompt_hidden_states(self, prompt_NxP, prompt_mask_NxP, completions_NxGxC,
+                                    completion_mask_NxGxC):
+        """Final-normed hidden states of N prompts, once each ([N, P, D]), and of their G
+        completions ([N, G, C, D]); equal to `hidden_states` of the N*G rows [prompt, completion]
+        (left-padded prompts; positions continue from each prompt's real length)."""
+        c = self.config
+        n, p = prompt_NxP.shape
+        _, g, cl = completions_NxGxC.shape
+        prompt_pos_NxP = default_positions(prompt_mask_NxP)
+        prompt_len_N = prompt_mask_NxP.astype(jnp.int32).sum(axis=1)
+        comp_pos = (jnp.cumsum(completion_mask_NxGxC.astype(jnp.int32), axis=-1) - 1
+                    + prompt_len_N[:, None, None])
+        positions_NxL = jnp.concatenate([prompt_pos_NxP, jnp.maximum(comp_pos, 0).reshape(n, g * cl)], axis=1)
+        tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
+        x = self.embed[...][tokens_NxL].astype(DTYPES[c.dtype])
+        rope = rope_tables(positions_NxL, rope_inv_freq(c), x.dtype, max_position=p + cl)
+        for layer in self.layers:
+            x = layer.shared_prompt(x, rope, prompt_mask_NxP, completion_mask_NxGxC)
+        h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        return h[:, :p], h[:, p:].reshape(n, g, cl, -1)
+
+    def logits(self, h_BxTxD) -> jax.Array:
+        """Output projection, accumulated and returned in float32 [B, T, V]."""
+        dt = DTYPES[self.config.dtype]
+        if self.config.tie_embeddings:
+            return jnp.einsum("btd,vd->btv", h_BxTxD.astype(dt), self.embed[...].astype(dt),
+                              preferred_element_type=jnp.float32)
+        if dt == jnp.float32:  # `dense`'s backward layout (its output dtype is its input's)
+            return dense(h_BxTxD.astype(dt), self.lm_head[...].astype(dt))
+        return jnp.einsum("btd,dv->btv", h_BxTxD.astype(dt), self.lm_head[...].astype(dt),
+                          preferred_element_type=jnp.float32)
+
+
+def init_model(config: ModelConfig, seed: int) -> Transformer:
+    """A randomly initialised Transformer (weights N(0, 0.02^2), norms 1, biases 0).
+
+    Built abstractly, then materialised by one jitted function: op-by-op creation compiles one
+    tiny program per distinct shape, slow on a CPU (benchmarks/NOTES.md).
+    """
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(params=seed))))
+    state = jax.jit(lambda: nnx.split(Transformer(config, rngs=nnx.Rngs(params=seed)))[1])()
+    return nnx.merge(graphdef, state)
+

@@ -1,0 +1,213 @@
+"""What a run is built from, once: tokenizer, task, mesh, model, sampler, optimizer, jitted step
+functions. `build(config)` returns a `RunContext`; nothing in it changes while the run goes on
+(what does change - step, data position, params, optimizer state, reference - is `RunState`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import config as config_lib
+from grpo_jax import model as model_lib
+from grpo_jax import optim
+from grpo_jax import sharding
+from grpo_jax import step as step_lib
+from grpo_jax.processes import Processes
+from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.tasks import make_task
+from grpo_jax.tokenizer import load_tokenizer
+
+# Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would double
+# the update's sequence length; a few buckets keep recompiles to the first steps.
+PROMPT_BUCKETS = tuple(8 << i for i in range(12))
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a step changes; a checkpoint holds exactly this (plus the config)."""
+
+    step: int  # GRPO steps done
+    data_position: int  # training examples drawn so far (every round of dynamic sampling counts)
+    params: Any  # the policy, training layout
+    opt_state: Any  # Optax state, laid out like the params
+    ref_params: Any | None  # the frozen reference (None when grpo.beta == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    config: config_lib.Config
+    run_dir: str
+    tokenizer: Any
+    task: Any
+    mesh: jax.sharding.Mesh
+    processes: Processes
+    model_config: model_lib.ModelConfig
+    graphdef: Any
+    sampler: Sampler
+    rollout_sampling: SamplingConfig
+    tx: Any  # optax.GradientTransformation
+    schedule: Any  # optax.Schedule, per optimizer update
+    update_fn: Any  # step.make_update_fn, sharded for the mesh
+    logprob_fn: Any  # step.make_logprob_fn, rows over the mesh
+    base_key: jax.Array
+    eval_examples: list[dict]
+    pool: Any  # rewards.VerifierPool or None
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.grpo.beta > 0
+
+    @property
+    def ref_dtype(self):
+        return jnp.bfloat16 if self.config.grpo.ref_dtype == "bfloat16" else jnp.float32
+
+    @property
+    def updates_per_step(self) -> int:
+        g = self.config.grpo
+        return g.num_iterations * g.num_minibatches
+
+    def step_key(self, step: int) -> jax.Array:
+        return jax.random.fold_in(self.base_key, step)
+
+
+def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.ModelConfig, Any, Any]:
+    """(model config, graphdef, params): a Hugging Face checkpoint or a fresh init, sharded on `mesh`.
+
+    Float32 master weights always (`model.param_dtype`; config validation refuses bfloat16 masters),
+    whatever `model.dtype` computes in. A fresh model is initialised through `jax.eval_shape` +
+    `jax.jit(out_shardings=...)`, so it is never built whole on one device.
+    """
+    m = config.model
+    if m.hf_path:
+        from flax import nnx
+
+        from grpo_jax import hf  # only needed for real checkpoints
+
+        model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
+        graphdef, params = nnx.split(model)
+        return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
+    vocab = m.vocab_size or tokenizer.vocab_size
+    if vocab < tokenizer.vocab_size:
+        raise config_lib.ConfigError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size} ids ({m.tokenizer})"
+        )
+    model_config = model_lib.ModelConfig(
+        vocab_size=vocab,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps,
+        tie_embeddings=m.tie_embeddings,
+        qkv_bias=m.qkv_bias,
+        qk_norm=m.qk_norm,
+        param_dtype=m.param_dtype,
+        dtype=m.dtype,
+    )
+    graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
+    return model_config, graphdef, params
+
+
+def auto_sampler_threads() -> int:
+    """2 on a one-device CPU backend with >= 2 cores, else 1: XLA runs one decode loop on one core,
+    and two half batches decoded from two threads run side by side (benchmarks/NOTES.md).
+    Accelerators and multi-device meshes keep one stream."""
+    one_cpu_device = jax.default_backend() == "cpu" and jax.device_count() == 1
+    return 2 if one_cpu_device and (os.cpu_count() or 1) >= 2 else 1
+
+
+def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
+    """Row counts that must split over the devices (and processes), as ConfigErrors naming the fields."""
+    g = config.grpo
+    multiple = sharding.batch_size_multiple(mesh)
+    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
+    if rows_per_micro % multiple:
+        raise config_lib.ConfigError(
+            f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
+            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
+            f"{multiple} devices"
+        )
+    n_proc = jax.process_count()
+    if n_proc == 1:
+        return
+    if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
+            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
+        )
+    if g.dynamic_sampling:
+        raise config_lib.ConfigError("grpo.dynamic_sampling is not supported on several processes yet")
+    if config.sft.steps > 0:
+        raise config_lib.ConfigError("sft.steps > 0 (SFT warm-up) is not supported on several processes yet")
+
+
+def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
+    """(every fixed part of a run, its freshly initialised state) from `config`; `task` and
+    `tokenizer` replace the configured ones."""
+    t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
+    tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
+    task = task or make_task(config.task.name, **config.task.options)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    check_batch_fits_mesh(config, mesh)
+    model_config, graphdef, params = build_model(config, tokenizer, mesh)
+    sampler = Sampler(
+        graphdef,
+        model_config,
+        eos_id=tokenizer.eos_id,
+        pad_id=tokenizer.pad_id,
+        prompt_buckets=PROMPT_BUCKETS,
+        mesh=mesh,
+        threads=s_cfg.threads or auto_sampler_threads(),
+    )
+    tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
+    opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
+    rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
+    update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
+    update_fn = sharding.shard_update_fn(
+        step_lib.make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group),
+        mesh,
+        params,
+        opt_state,
+    )
+    logprob_fn = step_lib.make_logprob_fn(
+        graphdef, s_cfg.temperature, mesh=mesh, params=params, group_size=logprob_group
+    )
+    pool = None
+    if t_cfg.verifier_workers > 0:
+        from grpo_jax.rewards import VerifierPool
+
+        pool = VerifierPool(t_cfg.verifier_workers)
+    context = RunContext(
+        config=config,
+        run_dir=os.path.abspath(t_cfg.run_dir),
+        tokenizer=tokenizer,
+        task=task,
+        mesh=mesh,
+        processes=Processes(mesh),
+        model_config=model_config,
+        graphdef=graphdef,
+        sampler=sampler,
+        rollout_sampling=SamplingConfig(
+            max_new_tokens=s_cfg.max_new_tokens,
+            temperature=s_cfg.temperature,
+            top_k=s_cfg.top_k,
+            top_p=s_cfg.top_p,
+            ignore_eos=s_cfg.ignore_eos,
+        ),
+        tx=tx,
+        schedule=schedule,
+        update_fn=update_fn,
+        logprob_fn=logprob_fn,
+        base_key=jax.random.PRNGKey(t_cfg.seed),
+        eval_examples=task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else [],
+        pool=pool,
+    )
+    return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None)

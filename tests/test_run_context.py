@@ -1,0 +1,32 @@
+"""What a run is built from: float32 master weights on every path, and batch/mesh checks."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from grpo_jax import hf, run_context, sharding
+from grpo_jax import model as model_lib
+from grpo_jax.config import Config, ConfigError, GRPOSection, ModelSection
+from grpo_jax.tokenizer import CharTokenizer
+
+
+def test_a_bf16_hugging_face_checkpoint_trains_on_float32_masters(tmp_path):
+    # Before: model.param_dtype was ignored when model.hf_path was set, so a bf16 checkpoint
+    # trained in bf16 (updates of RL size round away) although the config asked for float32.
+    small = model_lib.ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1,
+                                  num_heads=2, num_kv_heads=1, head_dim=4, param_dtype="bfloat16",
+                                  dtype="bfloat16")
+    hf.save_model(model_lib.init_model(small, 0), tmp_path / "ckpt")
+    config = Config(model=ModelSection(hf_path=str(tmp_path / "ckpt"), dtype="bfloat16"))
+    model_config, _, params = run_context.build_model(config, CharTokenizer("0123456789+="),
+                                                      sharding.make_mesh())
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    assert (model_config.param_dtype, model_config.dtype) == ("float32", "bfloat16")
+
+
+def test_a_micro_batch_that_does_not_split_over_the_devices_names_the_fields():
+    config = Config(grpo=GRPOSection(prompts_per_step=3, num_generations=3))  # 9 rows, 1 micro-batch
+    run_context.check_batch_fits_mesh(config, sharding.make_mesh())  # one device: fine
+    two_devices = jax.sharding.AbstractMesh((2, 1, 1), sharding.MESH_AXES)  # only its axis sizes are read
+    with pytest.raises(ConfigError, match="micro-batch of 9 completions .* mesh.data \\* mesh.fsdp = 2"):
+        run_context.check_batch_fits_mesh(config, two_devices)
