@@ -32,10 +32,12 @@ class _TimedTask(bench.AdditionTask):
     def __init__(self):
         super().__init__()
         self.reward_seconds: list[float] = []
+        self.reward_called_at: list[float] = []  # one call per step: the gaps are wall time per step
 
     def reward_fns(self):
         def timed(prompts, completions, **fields):
             t0 = time.perf_counter()
+            self.reward_called_at.append(t0)
             out = bench.boxed_sum_reward(prompts, completions, **fields)
             self.reward_seconds.append(time.perf_counter() - t0)
             return out
@@ -68,9 +70,13 @@ def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int =
     step_s = summary["time/step"]
     tokens = prompts_per_step * num_generations * max_new_tokens
     rewards = task.reward_seconds[first - 1:steps]
+    # Wall time per step from the host's clock alone (the gap between consecutive steps' reward
+    # calls), whatever the trainer counts as a step's time; steps first+1..steps.
+    gaps = sorted(b - a for a, b in zip(task.reward_called_at[first - 1:steps], task.reward_called_at[first:steps]))
     out = {
         "workload": f"W1 {prompts_per_step}x{num_generations}x{max_new_tokens}",
         "step_s_median": step_s,
+        "wall_step_s_median": gaps[len(gaps) // 2] if gaps else None,
         "split_s_median": {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("time/")
                            and k != "time/step"},
         "reward_s_median": float(sorted(rewards)[len(rewards) // 2]) if rewards else None,
@@ -103,7 +109,8 @@ def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int =
 
 def print_result(r: dict) -> None:
     split = ", ".join(f"{k} {v:.3f}" for k, v in r["split_s_median"].items())
-    print(f"{r['workload']}: median step {r['step_s_median']:.3f} s over {r['steps_measured']} steps "
+    print(f"{r['workload']}: median step {r['step_s_median']:.3f} s over {r['steps_measured']} steps, "
+          f"wall {r['wall_step_s_median'] or float('nan'):.3f} s/step "
           f"({split}; reward {r['reward_s_median'] or 0:.4f})")
     print(f"  generated {r['generated_tokens_per_s']:.0f} tokens/s (rollout alone "
           f"{r['rollout_tokens_per_s']:.0f}), peak RSS {r['peak_rss_mib']:.0f} MiB")
