@@ -1,6 +1,10 @@
 """Command line: flags to a config to `train.run`; nothing else.
 
-python -m grpo_jax train --config configs/arith_cpu.py [--set grpo.beta=0.04 ...] [--resume]
+python -m grpo_jax train --config configs/arith_cpu.py [--set grpo.beta=0.04 ...] [--resume | --overwrite]
+
+Exit status: 0 when the run finished, 75 (EX_TEMPFAIL: run it again with --resume) when SIGTERM,
+Ctrl-C or train.stop_after_steps stopped it after saving a checkpoint, 2 for a config or run
+directory error, 1 for any other error.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ def main(argv=None) -> int:
     )
     train.add_argument("--run-dir", help="shortcut for --set train.run_dir=...")
     train.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace a previous run in the run directory (its checkpoints and metrics are deleted)")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="with --resume: continue even where the config changes what the run means")
     args = parser.parse_args(argv)
 
     from grpo_jax import sharding
@@ -45,9 +53,24 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from grpo_jax import report
+    from grpo_jax.run_dir import RunDirError
 
-    report.run_and_report(config, resume=args.resume)
+    try:
+        result = report.run_and_report(config, resume=args.resume, overwrite=args.overwrite,
+                                       allow_config_change=args.allow_config_change)
+    except RunDirError as e:
+        print(f"run directory error: {e}", file=sys.stderr)
+        return 2
+    except config_lib.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if result.stopped_by:
+        print(f"stopped at step {result.step} ({result.stopped_by}); continue with --resume", file=sys.stderr)
+        return EXIT_STOPPED
     return 0
+
+
+EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: not finished, safe to run again (with --resume)
 
 
 if __name__ == "__main__":

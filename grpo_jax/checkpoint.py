@@ -9,7 +9,11 @@ Safety rules, because a lost good checkpoint costs a whole run:
   crash mid-save leaves a temporary directory, never a half-written step; those are removed
   when the manager opens the directory (``cleanup_tmp_directories``).
 - ``restore(step=None)`` walks from the newest step down and returns the first one that loads;
-  every step it had to skip is named in a warning with its error.
+  every step it had to skip gets one warning (step, path, the first line of its error), and when
+  none loads one error lists every step tried with its cause. Orbax's own output about those
+  attempts is kept out of the log: its absl records about the directory (INFO per read, an
+  ERROR per unparsable metadata file) go to this module's DEBUG log, and the tracebacks its
+  abandoned tensorstore reads print ("Event loop is closed", one per array) are dropped.
 - A step that failed is moved aside to ``directory/corrupt/`` only after an older step has
   loaded, so a wrong ``abstract_state`` (which makes every step fail) never moves anything.
   Moving it aside matters: the resumed run will reach that step number again and Orbax refuses
@@ -18,10 +22,16 @@ Safety rules, because a lost good checkpoint costs a whole run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
+import sys
 import time
+import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,11 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 CORRUPT_SUBDIR = "corrupt"
+# JSON files without which a step cannot load (the tree structure, our meta item); checked first
+# so that a broken one is named. Not _CHECKPOINT_METADATA: Orbax restores a step whose copy of
+# that file is broken (it logs an error), and so must we.
+_JSON_FILES = ("state/_METADATA", "meta/metadata")
+_MAX_CAUSE = 500  # characters of an error kept in a one-line cause
 
 
 class CheckpointManager:
@@ -88,8 +103,37 @@ class CheckpointManager:
                 cleanup_tmp_directories=True,
                 create=True,
             )
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with self._quiet_orbax():  # it reads every step's metadata, broken or not
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         return self._manager
+
+    @contextlib.contextmanager
+    def _quiet_orbax(self, step: int | None = None) -> Iterator[None]:
+        """Keeps Orbax's absl records about this directory out of the log while we read it.
+
+        Dropped: INFO chatter, and WARNING/ERROR records that name a path under the directory
+        ("Failed to json parse Metadata file: .../3/_CHECKPOINT_METADATA", logged once per read
+        of the steps); those are the symptoms of a broken step, whose error ``restore`` reports
+        once. They go to this module's DEBUG log. Other warnings pass through.
+        """
+        where = str(self.directory)
+
+        def keep(record: logging.LogRecord) -> bool:
+            if record.levelno < logging.WARNING:
+                return False
+            message = record.getMessage()
+            if where not in message:
+                return True
+            log.debug("Orbax%s: %s %s", "" if step is None else f" (step {step})", record.levelname,
+                      message[:_MAX_CAUSE])
+            return False
+
+        absl_logger = logging.getLogger("absl")
+        absl_logger.addFilter(keep)
+        try:
+            yield
+        finally:
+            absl_logger.removeFilter(keep)
 
     def _quarantine(self, step: int) -> Path | None:
         """Moves ``directory/<step>`` to ``directory/corrupt/<step>-<unix time>``; returns the new path."""
@@ -133,8 +177,9 @@ class CheckpointManager:
         """Steps on disk, oldest first (not checked for integrity; ``restore`` does that)."""
         if self._manager is None:
             return []
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
+        with self._quiet_orbax():
+            self._manager.reload()
+            return sorted(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
         """The newest step on disk, or None when there is none."""
@@ -167,33 +212,39 @@ class CheckpointManager:
             restored_state, meta = self._restore_step(manager, abstract_state, step)
             return step, restored_state, meta
 
-        failures: list[tuple[int, Exception]] = []
+        failures: list[tuple[int, str]] = []  # (step, its one-line cause), newest first
         for candidate in reversed(steps):
             try:
                 restored_state, meta = self._restore_step(manager, abstract_state, candidate)
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
-                failures.append((candidate, e))
+                failures.append((candidate, _one_line(e)))
                 continue
-            for bad_step, err in failures:
+            for bad_step, cause in failures:
                 moved = self._quarantine(bad_step)
                 log.warning(
-                    "checkpoint step %d in %s is corrupt or partial (%s: %s); restored step %d instead%s",
-                    bad_step, self.directory, type(err).__name__, _first_line(err), candidate,
+                    "checkpoint step %d (%s) is corrupt or partial: %s; restored step %d instead%s",
+                    bad_step, self.directory / str(bad_step), cause, candidate,
                     f"; moved it to {moved}" if moved else "",
                 )
             if failures:
-                manager.reload()
+                with self._quiet_orbax():
+                    manager.reload()
             return candidate, restored_state, meta
-        details = "; ".join(f"step {s}: {type(e).__name__}: {_first_line(e)}" for s, e in failures)
+        tried = ", ".join(str(s) for s, _ in failures)
+        details = "".join(f"\n  step {s} ({self.directory / str(s)}): {cause}" for s, cause in failures)
         raise RuntimeError(
-            f"no checkpoint in {self.directory} could be restored (nothing was moved or deleted). "
-            f"If every step fails the same way, abstract_state probably does not match what was saved. {details}"
+            f"no checkpoint in {self.directory} could be restored; tried steps {tried} (newest first) and "
+            "moved or deleted nothing. If every step fails the same way, abstract_state probably does "
+            f"not match what was saved (a changed model or optimizer config). Each step's error:{details}"
         )
 
-    @staticmethod
-    def _restore_step(manager: ocp.CheckpointManager, abstract_state: Any, step: int) -> tuple[Any, dict]:
+    def _restore_step(self, manager: ocp.CheckpointManager, abstract_state: Any,
+                      step: int) -> tuple[Any, dict]:
+        _check_json_files(self.directory / str(step))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-        restored = manager.restore(step, args=args)
+        _silence_abandoned_reads(self.directory)
+        with self._quiet_orbax(step):
+            restored = manager.restore(step, args=args)
         meta = restored["meta"]
         if not isinstance(meta, dict):
             raise ValueError(f"meta item of step {step} is {type(meta).__name__}, expected a JSON object")
@@ -237,6 +288,94 @@ def _check_restored_matches(abstract_state: Any, restored: Any, step: int) -> No
             )
 
 
-def _first_line(err: Exception) -> str:
+def _check_json_files(step_dir: Path) -> None:
+    """A step's metadata files that exist must parse: otherwise Orbax's error is a bare
+    "Expecting value: line 1 column 1 (char 0)" that names no file."""
+    for name in _JSON_FILES:
+        file = step_dir / name
+        if not file.is_file():
+            continue  # Orbax says what is missing, naming the file
+        try:
+            json.loads(file.read_bytes())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        except ValueError as e:  # UnicodeDecodeError: binary garbage
+            raise ValueError(f"{file}: not valid JSON ({e})") from None
+
+
+# tensorstore appends its whole JSON spec, and absl its source locations, to an error message.
+_NOISE = re.compile(r"\s*\[(tensorstore_spec|source locations)(\[\d+\])?=.*$")
+
+
+def _one_line(err: Exception) -> str:
+    """``Type: first line of the message``, without tensorstore's spec, at most _MAX_CAUSE chars
+    (the head and the tail, where tensorstore puts the root cause)."""
     text = str(err).strip()
-    return text.splitlines()[0][:300] if text else repr(err)
+    line = _NOISE.sub("", text.splitlines()[0]) if text else repr(err)
+    if len(line) > _MAX_CAUSE:
+        line = line[: _MAX_CAUSE // 2 - 3] + " ... " + line[-(_MAX_CAUSE // 2 - 2):]
+    return f"{type(err).__name__}: {line}"
+
+
+# What Orbax leaves behind when a restore fails. It runs each restore on a fresh event loop and
+# closes that loop as soon as the first tensorstore read fails (or a shape is wrong), while the
+# step's other reads are still in flight, and prints one traceback for each of them:
+# - a read that then finishes raises "RuntimeError: Event loop is closed" in a tensorstore
+#   thread (an unraisable exception, no object);
+# - a read coroutine that is then closed unfinished raises Orbax's "Encountered error while
+#   reading array index" from GeneratorExit ("Exception ignored in: <coroutine ...>");
+# - asyncio logs "Future (or Task) exception was never retrieved" and "Task was destroyed but it
+#   is pending!" when the abandoned futures and tasks are garbage-collected, and a read that never
+#   started warns "RuntimeWarning: coroutine '_read_array_index_and_device_put' was never awaited".
+# All of it arrives after the failed restore has returned, so the filters below stay installed
+# once a restore has been attempted. They match only these leftovers (a coroutine in Orbax's
+# code, a message naming a checkpoint directory or an Orbax coroutine) and pass on the rest;
+# the real error is the one ``restore`` raises or reports.
+_RESTORED_DIRECTORIES: set[str] = set()
+
+
+def _abandoned_read(unraisable: Any) -> bool:
+    exc, obj = unraisable.exc_value, unraisable.object
+    if obj is None:
+        if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
+            return False
+        frames = traceback.extract_tb(unraisable.exc_traceback)
+        return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
+    code = getattr(obj, "cr_code", None)
+    closed = isinstance(exc, GeneratorExit) or isinstance(getattr(exc, "__cause__", None), GeneratorExit)
+    return closed and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+class _UnraisableFilter:
+    """sys.unraisablehook that drops abandoned Orbax reads and passes the rest on."""
+
+    def __init__(self, previous: Any):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if not _abandoned_read(unraisable):
+            self.previous(unraisable)
+
+
+_UNSTARTED_READ = r"coroutine '_read_array_index_and_device_put' was never awaited"
+_ASYNCIO_LEFTOVERS = ("Future exception was never retrieved", "Task exception was never retrieved",
+                      "Task was destroyed but it is pending!")
+
+
+def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
+    """The asyncio logger's filter: False (drop) for garbage-collected leftovers of a restore."""
+    message = record.getMessage()
+    if not message.startswith(_ASYNCIO_LEFTOVERS):
+        return True
+    return not (f"{os.sep}orbax{os.sep}" in message or any(d in message for d in _RESTORED_DIRECTORIES))
+
+
+def _silence_abandoned_reads(directory: Path) -> None:
+    """Installs the filters (once each; the unraisable hook chains to the one it replaces)."""
+    _RESTORED_DIRECTORIES.add(str(directory))
+    if not isinstance(sys.unraisablehook, _UnraisableFilter):
+        sys.unraisablehook = _UnraisableFilter(sys.unraisablehook)
+    asyncio_logger = logging.getLogger("asyncio")
+    if _not_an_abandoned_read not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_not_an_abandoned_read)
+    warnings.filterwarnings("ignore", message=_UNSTARTED_READ, category=RuntimeWarning)

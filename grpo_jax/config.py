@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import types
 import typing
@@ -51,6 +52,9 @@ class TaskSection:
 
     name: str = "arithmetic"
     options: dict = dataclasses.field(default_factory=dict)
+    # A data file's example whose prompt is longer than the sampler's largest prompt bucket: "skip"
+    # (checked once at start-up, counted in a warning) or "error" (naming file and line).
+    overlong_prompts: Literal["skip", "error"] = "skip"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,12 @@ class TrainSection:
     stop_after_steps: int = 0  # >0: stop cleanly (with a checkpoint) after this many steps in this process
     export_hf: bool = False  # write the final policy as HF safetensors to run_dir/hf
     verifier_workers: int = 0  # 0: verify in-process (fast built-in checkers); >0: a process pool
+    # Per batch and reward function: a function that takes longer stops the run with an error
+    # (in worker processes, killed, when verifier_workers > 0). 0: no limit.
+    reward_timeout_s: float = 600.0
+    # Updates whose loss or gradient norm is not finite are skipped (params unchanged) and counted;
+    # this many steps in a row with a skipped update stop the run.
+    max_nonfinite_steps: int = 3
     progress: bool = True
 
 
@@ -208,6 +218,9 @@ def _check_type(key: str, value: Any, hint: Any) -> None:
         return
     if hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            # `nan < 0` is False, so a NaN learning rate would pass every range check below.
+            raise ConfigError(f"{key}={value!r} must be a finite number")
     elif hint is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif hint is dict:
@@ -251,6 +264,7 @@ def validate(config: Config) -> None:
         ("sft.batch_size", sft.batch_size),
         ("train.keep_checkpoints", t.keep_checkpoints),
         ("train.log_every", t.log_every),
+        ("train.max_nonfinite_steps", t.max_nonfinite_steps),
     ]:
         _positive(key, value)
     for key, value in [
@@ -269,9 +283,13 @@ def validate(config: Config) -> None:
         ("train.stop_after_steps", t.stop_after_steps),
         ("grpo.ref_resync_every", g.ref_resync_every),
         ("train.verifier_workers", t.verifier_workers),
+        ("train.reward_timeout_s", t.reward_timeout_s),
+        ("grpo.advantage_eps", g.advantage_eps),
         ("grpo.max_resample_rounds", g.max_resample_rounds),
     ]:
         _positive(key, value, allow_zero=True)
+    if not t.run_dir.strip():
+        raise ConfigError("train.run_dir is empty; give the directory for checkpoints, metrics and plots")
     if m.param_dtype == "bfloat16":
         raise ConfigError(
             "model.param_dtype='bfloat16': bf16 master weights do not train at RL learning rates. Near a "
@@ -384,16 +402,19 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
-    """Returns `config` with each `section.field=value` (or `task.options.name=value`) applied."""
+    """Returns `config` with each `section.field=value` (or `task.options.name=value`) applied.
+
+    All overrides are applied first and the result is validated once, so the order of the flags
+    does not matter (`eval.num_samples=2` then `eval.ks=[1,2]` is the same as the reverse)."""
+    sections = {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.field=value")
         key, text = item.split("=", 1)
         parts = key.strip().split(".")
-        sections = {f.name for f in dataclasses.fields(Config)}
         if parts[0] not in sections:
             raise ConfigError(f"--set {key}: unknown section {parts[0]!r}; sections are {sorted(sections)}")
-        section = getattr(config, parts[0])
+        section = sections[parts[0]]
         if parts[:2] == ["task", "options"] and len(parts) == 3:
             # Task options are checked by the task itself; values are read as JSON when they parse.
             try:
@@ -411,8 +432,8 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
                     f"fields are {sorted(hints)}"
                 )
             new_section = dataclasses.replace(section, **{parts[1]: _parse_value(key, text, hints[parts[1]])})
-        config = dataclasses.replace(config, **{parts[0]: new_section})
-    return config
+        sections[parts[0]] = new_section
+    return Config(**sections)  # validates once
 
 
 def load_config_file(path: str | os.PathLike) -> Config:

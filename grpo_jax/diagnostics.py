@@ -8,6 +8,10 @@
 | KL spikes suddenly                         | new behaviour, maybe a hack   | read samples from that step                   |
 | length up, accuracy flat, truncation up    | rambling or loops             | length penalty, length-bias fix, check verifier|
 | clip fraction high, reward unstable        | updates too big               | lower LR, fewer epochs per batch              |
+| reward NaN (or one rewards/<name>/mean NaN)| a reward never applies (None) | check its field names and the answer format   |
+
+The last row is ours, not the seed's: a reward function that returns None for every completion
+gives zero advantages, so GRPO trains on nothing, silently.
 
 Each warning fires once per episode: when its condition starts to hold. It can fire again only
 after the condition has been clear for ``rearm_steps`` consecutive checks, so a noisy signal
@@ -27,6 +31,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _PASS_AT_K = re.compile(r"^eval/pass@(\d+)$")
+_REWARD_PART = re.compile(r"^rewards/(.+)/mean$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,9 @@ class DiagnosticsThresholds:
     truncation_rise: ... and at least this much above its starting level is rising truncation.
     clip_max: clip fraction (window mean) at or above this is high ...
     reward_jitter: ... when the mean absolute step-to-step reward change is at least this.
+    no_reward_steps: ``reward`` NaN (no reward function applied to any completion), or one
+      function's ``rewards/<name>/mean`` NaN (it returned None for all), this many logged steps in
+      a row is a reward that never applies.
     """
 
     window: int = 10
@@ -67,12 +75,13 @@ class DiagnosticsThresholds:
     truncation_rise: float = 0.05
     clip_max: float = 0.1
     reward_jitter: float = 0.1
+    no_reward_steps: int = 5
 
     def __post_init__(self):
-        for name in ("window", "rearm_steps", "hack_evals"):
-            if getattr(self, name) < (2 if name != "rearm_steps" else 1):
-                raise ValueError(f"Diagnostics {name} must be >= {2 if name != 'rearm_steps' else 1}, "
-                                 f"got {getattr(self, name)}")
+        for name in ("window", "rearm_steps", "hack_evals", "no_reward_steps"):
+            least = 2 if name in ("window", "hack_evals") else 1
+            if getattr(self, name) < least:
+                raise ValueError(f"Diagnostics {name} must be >= {least}, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
@@ -99,6 +108,7 @@ class Diagnostics:
         self._history: dict[str, list[float]] = {}  # metric -> values in update order (train steps)
         self._evals: list[tuple[int, float, float]] = []  # (step, eval accuracy, train reward mean)
         self._episodes: dict[str, _Episode] = {}
+        self._nan_run: dict[str, int] = {}  # metric -> consecutive NaN values up to now (the history skips NaN)
 
     # -- history helpers ----------------------------------------------------------------------
 
@@ -223,6 +233,34 @@ class Diagnostics:
             fix="lower the learning rate, fewer epochs (inner updates) per batch",
         )
 
+    def _no_reward(self, step: int, metrics: Mapping[str, float]):
+        run, k = self._nan_run.get("reward", 0), self.t.no_reward_steps
+        names = sorted(m.group(1) for m in map(_REWARD_PART.match, metrics) if m)
+        which = f" ({', '.join(repr(n) for n in names)})" if names else ""
+        return run >= k, _message(
+            step, "no_reward",
+            f"reward is NaN for {run} steps in a row: every reward function{which} returned None for every "
+            "completion, so every advantage is 0 and nothing is learned",
+            cause="the reward functions never apply to this data: an example field they read is missing or "
+                  "named differently, or the completions never match the format they parse",
+            fix="call the reward functions by hand on a few logged samples (samples.jsonl) with their example's "
+                "fields; check the field names against the data's keys and what makes them return None",
+        )
+
+    def _reward_fn_never_applies(self, step: int, name: str):
+        run, k = self._nan_run.get(f"rewards/{name}/mean", 0), self.t.no_reward_steps
+        if self._nan_run.get("reward", 0) >= k:
+            return False, ""  # no reward applies at all: that is the no_reward warning, which names them
+        return run >= k, _message(
+            step, "reward_fn_never_applies",
+            f"rewards/{name}/mean is NaN for {run} steps in a row: reward function {name!r} returned None for "
+            "every completion, so its weight does nothing",
+            cause=f"{name!r} does not apply to this data: a field-name or format mismatch (the example field "
+                  "it reads is missing or named differently, or no completion matches what it parses)",
+            fix=f"call {name!r} by hand on a few logged samples (samples.jsonl) with their example's fields; "
+                "check the field names it reads against the data's keys and what makes it return None",
+        )
+
     # -- public ----------------------------------------------------------------------------------
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[str]:
@@ -231,9 +269,14 @@ class Diagnostics:
         clip = self._clip_fraction(values)
         if clip is not None:
             values["clip_fraction"] = clip
+        no_reward = math.isnan(values.get("reward", 0.0))
+        if no_reward:  # all-None groups count as zero-variance (1.0): no_reward's case, not difficulty's
+            values.pop("frac_reward_zero_std", None)
         for name, v in values.items():
             if math.isfinite(v):
                 self._history.setdefault(name, []).append(v)
+            if name == "reward" or _REWARD_PART.match(name):
+                self._nan_run[name] = self._nan_run.get(name, 0) + 1 if math.isnan(v) else 0
 
         checks = {
             "entropy_collapse": lambda: self._entropy_collapse(step) if "entropy" in values else (None, ""),
@@ -242,7 +285,11 @@ class Diagnostics:
             "high_zero_variance": lambda: self._zero_variance(step) if "frac_reward_zero_std" in values else (None, ""),
             "truncation_rising": lambda: self._truncation(step) if "completions/clipped_ratio" in values else (None, ""),
             "clip_high_reward_unstable": lambda: self._clip_unstable(step) if clip is not None else (None, ""),
+            "no_reward": lambda: self._no_reward(step, values) if "reward" in values else (None, ""),
         }
+        for fn_name in (m.group(1) for m in map(_REWARD_PART.match, values) if m):  # one episode each
+            checks[f"reward_fn_never_applies/{fn_name}"] = (
+                lambda name=fn_name: self._reward_fn_never_applies(step, name))
         fired = []
         for name, check in checks.items():
             holds, message = check()

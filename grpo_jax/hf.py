@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from grpo_jax.model import ModelConfig, RopeScaling, Transformer
+from grpo_jax.tokenizer import read_json_object
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -33,11 +34,24 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def read_config(path: str | pathlib.Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict."""
-    file = pathlib.Path(path) / "config.json"
+    """The checkpoint's config.json as a dict; a missing or corrupt file is an error naming it."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    file = path / "config.json"
     if not file.is_file():
-        raise FileNotFoundError(f"no config.json in checkpoint directory {pathlib.Path(path)}")
-    return json.loads(file.read_text())
+        raise FileNotFoundError(f"config.json not found in checkpoint directory {path} "
+                                f"(expected {file})")
+    return read_json_object(file)
+
+
+def _open_safetensors(file: pathlib.Path):
+    """safe_open(file), with safetensors' own errors ("header too large") naming the file."""
+    try:
+        return safe_open(str(file), framework="numpy")
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e}); the file is truncated "
+                         "or corrupt, copy it again from its source") from None
 
 
 def architecture_of(hf_config: dict[str, Any]) -> str:
@@ -70,6 +84,16 @@ def _rope(hf_config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     )
 
 
+def _number(hf_config: dict[str, Any], key: str, kind: type = int):
+    """A required numeric field of config.json; a missing or non-numeric one is named."""
+    if key not in hf_config:
+        raise KeyError(key)
+    value = hf_config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"field {key!r} must be a number, got {value!r}")
+    return kind(value)
+
+
 def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
                    param_dtype: str | None = None) -> ModelConfig:
     """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors."""
@@ -87,14 +111,14 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
     if sliding:
         raise ValueError("config.json use_sliding_window / sliding_attention layers are not "
                          "supported; supported: full attention in every layer")
-    heads = int(hf_config["num_attention_heads"])
-    hidden = int(hf_config["hidden_size"])
+    heads = _number(hf_config, "num_attention_heads")
+    hidden = _number(hf_config, "hidden_size")
     theta, scaling = _rope(hf_config)
     return ModelConfig(
-        vocab_size=int(hf_config["vocab_size"]),
+        vocab_size=_number(hf_config, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(hf_config["intermediate_size"]),
-        num_layers=int(hf_config["num_hidden_layers"]),
+        intermediate_size=_number(hf_config, "intermediate_size"),
+        num_layers=_number(hf_config, "num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
         head_dim=int(hf_config.get("head_dim") or hidden // heads),
@@ -172,16 +196,19 @@ def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
     """Tensor name -> the safetensors file holding it (sharded index, single file, or all files)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        mapping = json.loads(index.read_text())["weight_map"]
+        mapping = read_json_object(index).get("weight_map")
+        if not isinstance(mapping, dict) or not all(isinstance(f, str) for f in mapping.values()):
+            raise ValueError(f"{index}: expected a \"weight_map\" object of tensor name -> "
+                             f"safetensors file name, got {str(mapping)[:80]!r}")
         return {name: path / file for name, file in mapping.items()}
     files = [path / "model.safetensors"] if (path / "model.safetensors").is_file() else sorted(
         path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no model.safetensors, model.safetensors.index.json or *.safetensors "
-                                f"in checkpoint directory {path}")
+        raise FileNotFoundError(f"weights not found in checkpoint directory {path}: no "
+                                "model.safetensors, model.safetensors.index.json or *.safetensors")
     out = {}
     for file in files:
-        with safe_open(str(file), framework="numpy") as f:
+        with _open_safetensors(file) as f:
             out.update({name: file for name in f.keys()})
     return out
 
@@ -206,9 +233,12 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
     A tensor that is missing, misshapen or unexpected is an error naming it.
     """
     path = pathlib.Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    config = config_from_hf(read_config(path), dtype=dtype, param_dtype=param_dtype)
+    hf_config = read_config(path)
+    try:
+        config = config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
+    except (KeyError, TypeError, ValueError) as e:  # a field missing or of the wrong type
+        detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(f"{path / 'config.json'}: {detail}") from None
     np_dtype = _NP_DTYPES[config.param_dtype]
     files = _tensor_files(path)
     entries = weight_map(config)
@@ -217,7 +247,7 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
                  if name.endswith(_IGNORED_SUFFIXES) or (config.tie_embeddings and name == "lm_head.weight")]
     unexpected = sorted(set(files) - expected - set(ignorable))
     if unexpected:
-        raise ValueError(f"checkpoint {path} has tensors the {architecture_of(read_config(path))} "
+        raise ValueError(f"checkpoint {path} has tensors the {architecture_of(hf_config)} "
                          f"mapping does not use: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
 
     # Build the module abstractly (no random init of weights we are about to overwrite).
@@ -234,8 +264,11 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
             if file not in handles:
                 if not file.is_file():
                     raise FileNotFoundError(f"safetensors file {file} (listed for {e.hf_name}) not found")
-                handles[file] = safe_open(str(file), framework="numpy").__enter__()
-            array = handles[file].get_tensor(e.hf_name)
+                handles[file] = _open_safetensors(file).__enter__()
+            try:
+                array = handles[file].get_tensor(e.hf_name)
+            except SafetensorError as err:
+                raise ValueError(f"{file}: cannot read tensor {e.hf_name} ({err})") from None
             if tuple(array.shape) != e.hf_shape:
                 raise ValueError(f"tensor {e.hf_name} in {file.name} has shape {tuple(array.shape)}, "
                                  f"expected {e.hf_shape} from config.json")

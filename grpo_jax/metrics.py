@@ -66,6 +66,24 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _open_append(path: Path):
+    """``open(path, "a")`` for JSON lines, first ending a line that a crash cut off mid-write.
+
+    Without the newline, a resumed run's first record would be glued onto the fragment and the
+    line would be lost for every reader (``{"step": 2, "rew{"step": 2, "reward": 0.6}``).
+    """
+    fh = open(path, "a", encoding="utf-8")
+    if fh.tell() > 0:  # "a" positions at the end of the file
+        with open(path, "rb") as tail:
+            tail.seek(-1, 2)
+            cut_off = tail.read(1) != b"\n"
+        if cut_off:
+            log.warning("%s ends in a line cut off mid-write (a crash); appending from a new line, "
+                        "readers skip the fragment", path)
+            fh.write("\n")
+    return fh
+
+
 def _format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
@@ -144,7 +162,7 @@ class MetricsWriter:
             raise NotADirectoryError(f"run_dir {self.run_dir} exists but is a file; pass a directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same file. Readers keep the last value per step.
-        self._metrics_fh = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+        self._metrics_fh = _open_append(self.run_dir / METRICS_FILE)
         if tensorboard:
             self._tb = _open_tensorboard(self.run_dir / "tensorboard")
 
@@ -209,7 +227,7 @@ class MetricsWriter:
         shown = {**{i: "random" for i in random_idx}, **{i: "top" for i in top_idx}}
 
         if self._samples_fh is None:
-            self._samples_fh = open(self.run_dir / SAMPLES_FILE, "a", encoding="utf-8")
+            self._samples_fh = _open_append(self.run_dir / SAMPLES_FILE)
         for i, s in enumerate(samples):
             record = {"step": int(step), "shown": shown.get(i), **_jsonable(dict(s))}
             self._samples_fh.write(json.dumps(record, allow_nan=False) + "\n")
@@ -270,11 +288,31 @@ def _format_sample(index: int, sample: Mapping[str, Any], max_chars: int) -> str
     return head + "\n" + "\n".join(body)
 
 
+_RECORD_START = '{"step": '  # how every line MetricsWriter writes begins (json.dumps, step first)
+
+
+def _parse_record(line: str) -> dict:
+    if "\ufffd" in line:  # MetricsWriter writes ASCII (json.dumps escapes the rest)
+        raise ValueError("not UTF-8 text")
+    record = json.loads(line)
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        raise ValueError("each line must be a JSON object with an integer 'step'")
+    return record
+
+
+def _cut_off(line: str) -> bool:
+    """A line a crash cut short: the start of a record (or zero bytes) and no closing brace."""
+    text = line.strip().strip("\x00")
+    return not text or (text.startswith(_RECORD_START) and not text.endswith("}"))
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """All records of ``run_dir/metrics.jsonl`` in file order; nulls come back as NaN.
 
-    A last line cut short by a crash is skipped with a warning; a bad line elsewhere is an error
-    naming the file and line.
+    What a crash mid-write leaves is skipped with a warning naming the file and line: a cut-off
+    last line; a cut-off line that a resumed run then ended (``MetricsWriter`` starts a new line);
+    and, in files written before that, a cut-off fragment with the resumed run's first record
+    glued on (that record is kept). Any other bad line is an error naming the file and line.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -282,19 +320,33 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = run_dir / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"metrics file {path} does not exist; MetricsWriter.write creates it")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # "replace": a stray byte becomes U+FFFD and fails on its own line, which the error then names.
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     records = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError("each line must be a JSON object with an integer 'step'")
+            record = _parse_record(line)
         except ValueError as e:
-            if lineno == len(lines):
+            glued = line.rfind(_RECORD_START)
+            if lineno == last:
                 log.warning("%s:%d: skipping a cut-off last line (%s)", path, lineno, e)
                 continue
+            if _cut_off(line):
+                log.warning("%s:%d: skipping a line cut off mid-write by a crash: %r", path, lineno, line[:80])
+                continue
+            if glued > 0 and _cut_off(line[:glued]):
+                try:
+                    record = _parse_record(line[glued:])
+                except ValueError:
+                    pass
+                else:
+                    log.warning("%s:%d: skipping a fragment cut off by a crash, %r, and keeping the record "
+                                "glued onto it", path, lineno, line[:glued][:80])
+                    records.append({k: (math.nan if v is None else v) for k, v in record.items()})
+                    continue
             raise ValueError(f"{path}:{lineno}: not a metrics record ({e}): {line[:200]!r}") from e
         records.append({k: (math.nan if v is None else v) for k, v in record.items()})
     return records

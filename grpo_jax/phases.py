@@ -94,10 +94,14 @@ def select_groups(rewards: np.ndarray, group_size: int, num_groups: int, dynamic
     return (keep + spare)[:num_groups], len(keep)
 
 
-def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: float) -> tuple[StepBatch, int]:
+def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: float,
+            should_stop=None) -> tuple[StepBatch, int]:
     """Phases 1-3: scores `first` (the round already dispatched) and, under dynamic sampling,
     samples further rounds until `prompts_per_step` informative groups are found or
-    `max_resample_rounds` are spent. Returns the batch and the new data position."""
+    `max_resample_rounds` are spent. Returns the batch and the new data position.
+
+    User reward functions get `train.reward_timeout_s` per batch (0: none); `should_stop()`
+    interrupts one that is still running (`rewards.RewardInterrupted`)."""
     g, processes = ctx.config.grpo, ctx.processes
     G, B = g.num_generations, g.prompts_per_step
     max_rounds = 1 + (g.max_resample_rounds if g.dynamic_sampling else 0)
@@ -106,7 +110,8 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
     data_position = state.data_position + B
     rounds, pending = [], first
     while True:
-        ro = rollout_lib.score_rollout(pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool)
+        ro = rollout_lib.score_rollout(pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
+                                       timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop)
         rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
         rounds.append((ro, {
             "rewards": processes.gather(rewards),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import jax
+
 from grpo_jax import config as config_lib
 from grpo_jax import train
 
@@ -21,9 +23,24 @@ def before_after_table(evals: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_and_report(config: config_lib.Config, *, resume: bool = False) -> train.RunResult:
-    result = train.run(config, resume=resume)
-    table = before_after_table(result.evals)
+def run_evaluations(run_dir: str) -> list[dict]:
+    """Every held-out evaluation of the run in its metrics.jsonl, across resumes (the last row
+    written for a step wins), in step order."""
+    from grpo_jax.metrics import read_metrics
+
+    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+        return []
+    rows = {r["step"]: r for r in read_metrics(run_dir) if "eval/pass@1" in r}
+    return [rows[step] for step in sorted(rows)]
+
+
+def run_and_report(config: config_lib.Config, **run_kwargs) -> train.RunResult:
+    """`train.run(config, **run_kwargs)`, then the before/after table (printed and in summary.md,
+    from every evaluation the run has logged, so a resumed run reports the whole run) and plots."""
+    result = train.run(config, **run_kwargs)
+    if jax.process_index() != 0 or (result.stopped_by and not result.history):
+        return result  # another process's, or stopped before any step: nothing to report
+    table = before_after_table(run_evaluations(result.run_dir) or result.evals)
     print("\n" + table + "\n")
     with open(os.path.join(result.run_dir, "summary.md"), "w") as f:
         f.write(table + "\n")

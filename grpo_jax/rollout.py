@@ -64,9 +64,12 @@ def dispatch_rollout(
     return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0)
 
 
-def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=None) -> Rollout:
+def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=None, timeout_s: float | None = None,
+                  should_stop=None) -> Rollout:
     """Reads this process's rows of a dispatched rollout, decodes them and runs the task's reward
-    functions (a process pool when `pool` is given)."""
+    functions (a process pool when `pool` is given). A user reward function slower than
+    `timeout_s` raises `RewardTimeoutError`; `should_stop()` turning true while one runs raises
+    `RewardInterrupted` (see `rewards.compute_rewards`)."""
     sample = pending.sample
     arrays = {
         "prompt_tokens": sharding.process_rows(sample.prompt_tokens_BxP),
@@ -85,7 +88,8 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
     fields: dict[str, Any] = {k: [ex.get(k) for ex in rep_examples] for k in field_names}
     fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step)
     t0 = time.perf_counter()
-    rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool)
+    rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool,
+                                     timeout_s=timeout_s, should_stop=should_stop)
     reward_seconds = time.perf_counter() - t0
     return Rollout(
         examples=rep_examples,

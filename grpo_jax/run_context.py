@@ -155,6 +155,12 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
     tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
     task = task or make_task(config.task.name, **config.task.options)
+    # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
+    # skipped (or refused, naming file and line) before it can stop the run at the same step on
+    # every resume. Counted as the rollout encodes prompts.
+    check_lengths = getattr(task, "check_prompt_lengths", None)
+    if check_lengths is not None:
+        check_lengths(lambda text: len(tokenizer.encode(text)), max(PROMPT_BUCKETS), config.task.overlong_prompts)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)

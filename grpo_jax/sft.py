@@ -107,11 +107,13 @@ def warm_up(
     seed: int,
     log_fn: Callable[[str], None] = print,
     mesh=None,
+    should_stop: Callable[[], bool] = lambda: False,
 ):
     """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats).
 
     With `mesh`, each batch's rows are split over ("data", "fsdp") like the GRPO update's (one
-    process; a batch that does not divide is replicated)."""
+    process; a batch that does not divide is replicated). `should_stop()` true (SIGTERM, Ctrl-C)
+    ends the warm-up after the current step; the stats then say "stopped": True."""
     tx = optax.adamw(sft.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
     opt_state = tx.init(params)
     step_fn = make_sft_step(graphdef, tx)
@@ -124,6 +126,10 @@ def warm_up(
     log_fn(f"sft step 0: validation greedy accuracy {acc:.3f}")
     step = 0
     for step in range(1, sft.steps + 1):
+        if should_stop():
+            log_fn(f"sft: stopped before step {step}")
+            return params, {"steps": step - 1, "seconds": time.perf_counter() - t0, "history": history,
+                            "stopped": True}
         start = int(rng.integers(0, 1 << 30))
         batch = [task.train_example(_SFT_OFFSET + start + i) for i in range(sft.batch_size)]
         tokens, attention, answer_mask = sft_batch(tokenizer, batch, max_answer_tokens=max_new_tokens)

@@ -130,6 +130,9 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
             out["grad_norm"] = float(values.mean())
             out["grad_norm/max"] = float(values.max())
             continue
+        if name == "skipped_updates":  # a count: how many of the step's updates were not applied
+            out[name] = float(values.sum())
+            continue
         match _reduction(name):
             case "share":
                 out[name] = float(values.mean())
@@ -151,7 +154,9 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     sharing a prompt, each prompt run once (`token_logprobs`).
 
     metrics (float32 scalars): grpo_loss's, `entropy`, `sampling/sampling_logp_difference/mean`
-    (token means over the batch), `loss`, `grad_norm` (before clipping) and `num_tokens`.
+    (token means over the batch), `loss`, `grad_norm` (before clipping), `num_tokens`, and
+    `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
+    and optimizer state come back unchanged.
     """
 
     def loss_fn(params, mb: UpdateBatch, normalizer):
@@ -213,11 +218,18 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
 
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, (metrics, tokens_A) = jax.lax.scan(micro_step, zeros, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
         metrics = _combine_micro_batches(metrics, tokens_A)
-        metrics["grad_norm"] = global_norm(grads)
+        grad_norm = global_norm(grads)
+        # One NaN or inf (a reward, a log-prob, an overflow) would make every weight NaN and Adam's
+        # moments with them: such an update is skipped, params and optimizer state unchanged.
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (new_params, new_opt_state), (params, opt_state))
+        metrics["grad_norm"] = grad_norm
         metrics["num_tokens"] = tokens_A.sum()
+        metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
         return params, opt_state, metrics
 
     return jax.jit(update, donate_argnums=(0, 1))

@@ -13,13 +13,42 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 BUILTIN_SPM_PATH = pathlib.Path(__file__).parent / "assets" / "task_spm.model"
 _SPEC_HELP = ("'char:<symbols>', 'builtin', a sentencepiece .model file, a tokenizer.json file, "
               "or a directory holding tokenizer.json or tokenizer.model")
+
+
+def read_json_object(path: str | pathlib.Path) -> dict[str, Any]:
+    """The JSON object in file `path` (config.json, tokenizer_config.json, ...).
+
+    Every failure names the file, and the line and column where there is one, in its message:
+    a bare `JSONDecodeError: Expecting value: line 1 column 1` says neither which file of a
+    checkpoint directory is broken nor that it is empty.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"JSON file not found: {path}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, "
+                         f"column {column})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        what = "empty file, " if not text.strip() else ""
+        raise ValueError(f"{path}: not valid JSON ({what}{e.msg} at line {e.lineno}, column {e.colno})"
+                         ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 @runtime_checkable
@@ -156,7 +185,10 @@ class SentencePieceTokenizer(_BatchEncodeMixin):
         if not path.is_file():
             raise FileNotFoundError(f"sentencepiece model file not found: {path}")
         self.model_file = path
-        self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:  # "could not parse ModelProto"
+            raise ValueError(f"{path}: not a readable sentencepiece model ({e})") from None
         self.vocab_size = int(self._sp.vocab_size())
         bos = self._sp.bos_id()
         self.bos_id = bos if bos >= 0 else None
@@ -210,16 +242,21 @@ class HFTokenizer(_BatchEncodeMixin):
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer.json not found: {path}")
         self.tokenizer_json = path
-        self._tok = _HFTok.from_file(str(path))
+        try:
+            self._tok = _HFTok.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception ("EOF while parsing")
+            raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         names: dict[str, str | None] = {}
+        sources: dict[str, pathlib.Path] = {}
         for side in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins
             side_path = path.with_name(side)
             if side_path.is_file():
-                cfg = json.loads(side_path.read_text())
+                cfg = read_json_object(side_path)
                 for key in ("bos_token", "eos_token", "pad_token"):
                     if key in cfg:
                         names[key] = _token_content(cfg[key])
+                        sources[key] = side_path
 
         def id_of(key: str) -> int | None:
             name = names.get(key)
@@ -227,7 +264,7 @@ class HFTokenizer(_BatchEncodeMixin):
                 return None
             tid = self._tok.token_to_id(name)
             if tid is None:
-                raise ValueError(f"{key} {name!r} from beside {path} is not in its vocabulary")
+                raise ValueError(f"{key} {name!r} from {sources[key]} is not in the vocabulary of {path}")
             return int(tid)
 
         self.bos_id = bos_id if bos_id is not None else id_of("bos_token")
@@ -264,9 +301,11 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if spec == "builtin":
         return SentencePieceTokenizer(BUILTIN_SPM_PATH)
     path = pathlib.Path(spec)
-    if path.suffix == ".model" or path.name.endswith(".json") or path.is_dir():
-        if not path.exists():
-            raise FileNotFoundError(f"tokenizer path not found: {path}")
+    looks_like_path = "/" in spec or path.suffix in (".model", ".json")
+    if looks_like_path and not path.exists():
+        # No download: "Qwen/Qwen2.5-0.5B" is a hub id, and only local files are read.
+        raise FileNotFoundError(f"tokenizer path not found: {path} (nothing is downloaded; give a "
+                                "local tokenizer.json, .model file, or a directory holding one)")
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             return HFTokenizer(path / "tokenizer.json")

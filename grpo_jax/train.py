@@ -22,18 +22,21 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax import config as config_lib
 from grpo_jax import phases
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_context
+from grpo_jax import run_dir as run_dir_lib
 from grpo_jax import sft as sft_lib
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
 from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
 from grpo_jax.metrics import MetricsWriter
+from grpo_jax.rewards import RewardInterrupted
 from grpo_jax.run_context import RunContext, RunState
 from grpo_jax.timing import ReadyTimes
 
@@ -47,6 +50,7 @@ class RunResult:
     history: list[dict]  # every metrics row of this process's run, in order
     evals: list[dict]  # the held-out evaluation rows
     params: Any = None
+    stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "stop_after_steps" when it stopped early
 
 
 class _CompileCounter:
@@ -107,15 +111,36 @@ def _checkpoint_state(state: RunState) -> dict:
     return tree
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                                if jnp.issubdtype(x.dtype, jnp.floating)]))
+
+
+class NonFiniteStateError(RuntimeError):
+    """The run's params or optimizer state hold NaN/inf; no checkpoint is written from them."""
+
+
 def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState) -> None:
-    """Writes `state` (every process joins; Orbax writes asynchronously unless configured not to)."""
+    """Writes `state` (every process joins; Orbax writes asynchronously unless configured not to).
+
+    Never from non-finite params or optimizer state: rotating good checkpoints out for a NaN one
+    would lose the run (NonFiniteStateError instead; the earlier checkpoints stay)."""
+    tree = _checkpoint_state(state)
+    if not bool(_all_finite(tree)):
+        raise NonFiniteStateError(
+            f"step {state.step}: params or optimizer state are not finite; no checkpoint written (the previous "
+            f"ones in {ckpt_dir_of(ctx.run_dir)} are kept)"
+        )
     meta = {"step": state.step, "data_position": state.data_position, "config": config_lib.to_dict(ctx.config)}
-    ckpt.save(state.step, _checkpoint_state(state), meta, force=True)
+    ckpt.save(state.step, tree, meta, force=True)
 
 
-def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, resume: bool) -> RunState:
+def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, resume: bool,
+                  should_stop=lambda: False) -> RunState | None:
     """The state to start from: the newest good checkpoint with `resume`, else `fresh` after the SFT
-    warm-up (if configured), with its reference copied from the warmed-up policy."""
+    warm-up (if configured), with its reference copied from the warmed-up policy. None when
+    `should_stop()` ended the warm-up early (nothing is saved: a new start repeats the warm-up)."""
     latest = ckpt.latest_step() if resume else None
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(ctx.run_dir))
@@ -146,7 +171,10 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             seed=ctx.config.train.seed,
             log_fn=log.info,
             mesh=ctx.mesh,
+            should_stop=should_stop,
         )
+        if sft_stats.get("stopped"):
+            return None
         if ctx.processes.is_primary:
             with open(os.path.join(ctx.run_dir, "sft.json"), "w") as f:
                 json.dump(sft_stats, f, indent=2)
@@ -172,11 +200,12 @@ class _PendingReport:
     compiles: int = 0  # XLA compilations while dispatching this step
 
 
-def grpo_step(ctx: RunContext, state: RunState, first_round, device_free_at: float, times: ReadyTimes):
+def grpo_step(ctx: RunContext, state: RunState, first_round, device_free_at: float, times: ReadyTimes,
+              should_stop=None):
     """Phases 1-6 of step `state.step + 1`, with its first sampler round already dispatched.
     Returns the new state and what `_read_report` needs; nothing here waits for the update."""
     step = state.step + 1
-    batch, data_position = phases.collect(ctx, state, step, first_round, device_free_at)
+    batch, data_position = phases.collect(ctx, state, step, first_round, device_free_at, should_stop)
     advantages, completion_mask = phases.score(ctx, batch)
     rows = phases.device_rows(ctx, batch, advantages, completion_mask)
     logprobs_dispatched_at = time.perf_counter()
@@ -234,39 +263,90 @@ def _read_report(ctx: RunContext, pending: _PendingReport, times: ReadyTimes) ->
 # The run.
 
 
-def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer=None) -> RunResult:
+def run(
+    config: config_lib.Config,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    allow_config_change: bool = False,
+    task=None,
+    tokenizer=None,
+) -> RunResult:
     """Trains per `config`; writes metrics, samples and checkpoints to `config.train.run_dir`.
 
-    `task` and `tokenizer` replace the ones the config names (research code brings its own objects
-    implementing `grpo_jax.tasks.Task` and `grpo_jax.tokenizer.Tokenizer`).
+    A run directory that holds a previous run needs `resume` (continue it; the config is compared
+    with the run's, see `grpo_jax.run_dir`) or `overwrite` (replace it). `task` and `tokenizer`
+    replace the ones the config names (research code brings its own objects implementing
+    `grpo_jax.tasks.Task` and `grpo_jax.tokenizer.Tokenizer`). A SIGTERM / Ctrl-C stops after the
+    step with a checkpoint: `RunResult.stopped_by` says so. An error mid-run first saves the last
+    finished step (if it is finite and not saved yet), then raises.
     """
     global _COMPILES
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
+    run_dir = os.path.abspath(config.train.run_dir)
+    run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
+                        primary=jax.process_index() == 0)
+    if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
     ctx, fresh = run_context.build(config, task=task, tokenizer=tokenizer)
-    t_cfg, e_cfg = config.train, config.eval
     os.makedirs(ctx.run_dir, exist_ok=True)
-    if ctx.processes.is_primary:
-        with open(os.path.join(ctx.run_dir, "config.json"), "w") as f:
-            json.dump(config_lib.to_dict(config), f, indent=2)
     ckpt = CheckpointManager(
-        os.path.join(ctx.run_dir, "checkpoints"),
-        max_to_keep=t_cfg.keep_checkpoints,
-        async_save=t_cfg.async_checkpoints,
+        ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
     )
     writer = MetricsWriter(
         ctx.run_dir,
-        total_steps=t_cfg.steps,
-        console=t_cfg.progress,
+        total_steps=config.train.steps,
+        console=config.train.progress,
         key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
     )
-    diagnostics = Diagnostics()
-    history, evals = [], []
-    # 64 questions per sampler call, rounded up so even greedy (1 row each) splits over the devices.
-    row_devices = sharding.batch_size_multiple(ctx.mesh)
-    eval_batch_prompts = -(-64 // row_devices) * row_devices
+    loop = _Loop(ctx, ckpt, writer)
+    state = None
+    try:
+        with _StopFlag() as stop:
+            state = initial_state(ctx, fresh, ckpt, resume, should_stop=lambda: stop.signal is not None)
+            if state is None:
+                name = signal.Signals(stop.signal).name
+                log.warning("stopped by %s during the SFT warm-up: nothing was saved; a new start repeats it", name)
+                return RunResult(ctx.run_dir, 0, loop.history, loop.evals, stopped_by=name)
+            if ctx.processes.is_primary:
+                run_dir_lib.write_config(config, ctx.run_dir)
+            state, stopped_by = loop.train(state, stop)
+    except Exception:
+        loop.save_on_error()
+        raise
+    finally:
+        ckpt.wait_until_finished()
+        ckpt.close()
+        writer.close()
+        if ctx.pool is not None:
+            ctx.pool.close()
 
-    def evaluate(params, step: int) -> dict:
+    if state.step == config.train.steps and config.train.export_hf:
+        export_hf(ctx, state)
+    return RunResult(ctx.run_dir, state.step, loop.history, loop.evals, params=state.params, stopped_by=stopped_by)
+
+
+class _Loop:
+    """The step loop of `run` and what it keeps between steps: rows written, evaluations, the
+    streak of steps with skipped (non-finite) updates, the last step saved."""
+
+    def __init__(self, ctx: RunContext, ckpt: CheckpointManager, writer: MetricsWriter):
+        self.ctx, self.ckpt, self.writer = ctx, ckpt, writer
+        self.diagnostics = Diagnostics()
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.nonfinite_streak = 0
+        self.saved_step = ckpt.latest_step()
+        self.state: RunState | None = None  # the last step's state, once training started
+        # 64 questions per sampler call, rounded up so even greedy (1 row each) splits over the devices.
+        row_devices = sharding.batch_size_multiple(ctx.mesh)
+        self.eval_batch_prompts = -(-64 // row_devices) * row_devices
+
+    def evaluate(self, params, step: int) -> dict:
+        ctx, e_cfg = self.ctx, self.ctx.config.eval
         t0 = time.perf_counter()
         res = rollout_lib.evaluate(
             ctx.sampler,
@@ -277,76 +357,104 @@ def run(config: config_lib.Config, *, resume: bool = False, task=None, tokenizer
             num_samples=e_cfg.num_samples,
             ks=e_cfg.ks,
             temperature=e_cfg.temperature,
-            max_new_tokens=config.sampling.max_new_tokens,
+            max_new_tokens=ctx.config.sampling.max_new_tokens,
             greedy=e_cfg.greedy,
             rng=jax.random.fold_in(ctx.base_key, 10_000_000 + step),
-            batch_prompts=eval_batch_prompts,
+            batch_prompts=self.eval_batch_prompts,
             processes=ctx.processes,
         )
         res["time/eval"] = time.perf_counter() - t0
-        evals.append({"step": step, **res})
+        self.evals.append({"step": step, **res})
         return res
 
-    def write(row: dict) -> None:
-        diagnostics.update(row["step"], row)  # logs each warning itself
+    def write(self, row: dict) -> None:
+        t_cfg = self.ctx.config.train
+        self.diagnostics.update(row["step"], row)  # logs each warning itself
         if row["step"] % t_cfg.log_every == 0 or "eval/pass@1" in row or row["step"] == t_cfg.steps:
-            writer.write(row["step"], row)
-        history.append(row)
+            self.writer.write(row["step"], row)
+        self.history.append(row)
+        # Skipped updates leave the params as they were; a streak of them means the run is stuck.
+        self.nonfinite_streak = self.nonfinite_streak + 1 if row.get("skipped_updates", 0) > 0 else 0
+        if self.nonfinite_streak:
+            log.warning("step %d: %d update(s) skipped (loss or gradient norm not finite); params unchanged",
+                        row["step"], int(row["skipped_updates"]))
+        if self.nonfinite_streak >= t_cfg.max_nonfinite_steps:
+            raise FloatingPointError(
+                f"{self.nonfinite_streak} steps in a row (to step {row['step']}) had updates with a non-finite loss "
+                f"or gradient norm (train.max_nonfinite_steps={t_cfg.max_nonfinite_steps}); params were left "
+                "unchanged. Check the rewards and log-probs of those steps (samples.jsonl) or lower the learning rate"
+            )
 
-    state = None
-    try:
-        state = initial_state(ctx, fresh, ckpt, resume)
+    def save(self, state: RunState) -> None:
+        save(self.ctx, self.ckpt, state)
+        self.saved_step = state.step
+
+    def save_on_error(self) -> None:
+        """After an error: the last finished step, if it is not saved yet and is finite."""
+        state = self.state
+        if state is None or state.step == 0 or state.step == self.saved_step:
+            return
+        try:
+            self.save(state)
+            self.ckpt.wait_until_finished()
+            log.warning("saved step %d before stopping on the error below; --resume continues from it", state.step)
+        except Exception as e:  # noqa: BLE001 - the original error is the one to raise
+            log.warning("could not save step %d after the error (%s)", state.step, str(e).splitlines()[0])
+
+    def train(self, state: RunState, stop: _StopFlag) -> tuple[RunState, str | None]:
+        """Steps until train.steps or a stop; returns the final state and what stopped it (or None)."""
+        ctx, t_cfg, e_cfg = self.ctx, self.ctx.config.train, self.ctx.config.eval
         start_step = state.step
-        with _StopFlag() as stop:
-            if state.step == 0 and ctx.eval_examples:
-                write({"step": 0, **evaluate(state.params, 0)})
-            times = ReadyTimes()
-            pending, device_free_at, stopped_by = None, time.perf_counter(), None
-            while state.step < t_cfg.steps:
-                step = state.step + 1
-                compiles_before = _COMPILES.count
-                first_round = phases.dispatch_round(ctx, state, step, state.data_position, 0)
-                if pending is not None:  # step N-1's row, read while the devices sample step N
-                    row, device_free_at = _read_report(ctx, pending, times)
-                    write({"step": pending.step, **row})
-                state, pending = grpo_step(ctx, state, first_round, device_free_at, times)
-                pending.compiles = _COMPILES.count - compiles_before
+        self.state = state
+        if state.step == 0 and ctx.eval_examples:
+            self.write({"step": 0, **self.evaluate(state.params, 0)})
+        times = ReadyTimes()
+        pending, device_free_at, stopped_by = None, time.perf_counter(), None
+        while state.step < t_cfg.steps:
+            step = state.step + 1
+            compiles_before = _COMPILES.count
+            first_round = phases.dispatch_round(ctx, state, step, state.data_position, 0)
+            if pending is not None:  # step N-1's row, read while the devices sample step N
+                row, device_free_at = _read_report(ctx, pending, times)
+                self.write({"step": pending.step, **row})
+            try:
+                state, pending = grpo_step(ctx, state, first_round, device_free_at, times,
+                                           should_stop=lambda: stop.signal is not None)
+            except RewardInterrupted:
+                # A reward function was still running: the step is dropped, the last one is saved.
+                stopped_by = signal.Signals(stop.signal).name
+                if state.step != self.saved_step and state.step > 0:
+                    self.save(state)
+                log.warning("stopped during step %d's rewards (%s); step %d saved, resume with --resume",
+                            step, stopped_by, state.step)
+                return state, stopped_by
+            self.state = state
+            pending.compiles = _COMPILES.count - compiles_before
 
-                if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
-                    writer.write_samples(step, pending.batch.samples)
-                if stop.signal is not None:
-                    stopped_by = signal.Signals(stop.signal).name
-                if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
-                    stopped_by = "stop_after_steps"
-                evaluate_now = ctx.eval_examples and (
-                    (e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps
-                )
-                if evaluate_now or stopped_by or step == t_cfg.steps:
-                    # The row is needed now (held-out figures join it, or the run ends here).
-                    row, device_free_at = _read_report(ctx, pending, times)
-                    if evaluate_now:
-                        row.update(evaluate(state.params, step))
-                        device_free_at = time.perf_counter()
-                    write({"step": step, **row})
-                    pending = None
-                if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps:
-                    save(ctx, ckpt, state)
-                if stopped_by:
-                    log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
-                    break
-            if pending is not None:
-                row, _ = _read_report(ctx, pending, times)
-                write({"step": pending.step, **row})
-    finally:
-        ckpt.wait_until_finished()
-        ckpt.close()
-        writer.close()
-        if ctx.pool is not None:
-            ctx.pool.close()
-
-    if state.step == t_cfg.steps and t_cfg.export_hf:
-        export_hf(ctx, state)
-    return RunResult(run_dir=ctx.run_dir, step=state.step, history=history, evals=evals, params=state.params)
+            if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
+                self.writer.write_samples(step, pending.batch.samples)
+            if stop.signal is not None:
+                stopped_by = signal.Signals(stop.signal).name
+            if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
+                stopped_by = "stop_after_steps"
+            evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)
+            if evaluate_now or stopped_by or step == t_cfg.steps:
+                # The row is needed now (held-out figures join it, or the run ends here).
+                row, device_free_at = _read_report(ctx, pending, times)
+                pending = None
+                if evaluate_now:
+                    row.update(self.evaluate(state.params, step))
+                    device_free_at = time.perf_counter()
+                self.write({"step": step, **row})
+            if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps:
+                self.save(state)
+            if stopped_by:
+                log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
+                break
+        if pending is not None:
+            row, _ = _read_report(ctx, pending, times)
+            self.write({"step": pending.step, **row})
+        return state, stopped_by
 
 
 def export_hf(ctx: RunContext, state: RunState) -> None:

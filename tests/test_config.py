@@ -38,6 +38,14 @@ def test_override_parses_by_field_type():
     ("model.param_dtype=bfloat16", ["model.param_dtype='bfloat16'", "round", "model.dtype='bfloat16'"]),
     ("grpo.ref_resync_every=10", ["grpo.ref_resync_every=10", "grpo.beta=0"]),
     ("grpo.truncated_reward=one", ["grpo.truncated_reward", "at_most_zero", "as_scored"]),
+    # Hostile values: `nan < 0` is False, so NaN passed every range check and trained NaN params;
+    # a negative advantage eps flipped every advantage's sign; an empty run_dir wrote into the cwd.
+    ("optim.learning_rate=nan", ["optim.learning_rate=nan", "finite"]),
+    ("grpo.beta=nan", ["grpo.beta=nan", "finite"]),
+    ("grpo.eps_low=inf", ["grpo.eps_low=inf", "finite"]),
+    ("grpo.advantage_eps=-1", ["grpo.advantage_eps=-1", ">= 0"]),
+    ("train.run_dir=", ["train.run_dir is empty"]),
+    ("train.reward_timeout_s=-5", ["train.reward_timeout_s", ">= 0"]),
 ])
 def test_bad_override_names_the_key(override, words):
     with pytest.raises(ConfigError) as err:
@@ -81,3 +89,13 @@ def test_bf16_master_weights_really_do_not_move_at_rl_learning_rates():
     assert float(w32 - jnp.float32(1e-6)) != float(w32)
     w16 = jnp.bfloat16(0.02)
     assert float(w16 - jnp.bfloat16(1e-6)) == float(w16)
+
+
+def test_overrides_apply_in_any_order_then_validate_once():
+    # eval.ks=[1,2] is only valid once eval.num_samples=2 is applied; the order of the flags
+    # must not matter (it did: validation ran after each flag).
+    a = apply_overrides(Config(), ["eval.num_samples=2", "eval.ks=[1,2]"])
+    b = apply_overrides(Config(), ["eval.ks=[1,2]", "eval.num_samples=2"])
+    assert a == b and a.eval.ks == (1, 2)
+    with pytest.raises(ConfigError, match="eval.ks contains 8"):
+        apply_overrides(Config(), ["eval.num_samples=2"])  # the default ks (1, 8) no longer fits

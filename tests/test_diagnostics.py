@@ -16,6 +16,8 @@ def healthy_run(n_steps: int = 120, seed: int = 0) -> list[dict]:
         f = s / n_steps
         m = {
             "reward": 0.2 + 0.4 * f + rng.normal(0, 0.02),
+            "rewards/accuracy/mean": 0.2 + 0.4 * f,
+            "rewards/format/mean": 0.9,
             "kl": 0.05 * f + abs(rng.normal(0, 0.001)),
             "entropy": 1.0 - 0.3 * f + rng.normal(0, 0.01),
             "frac_reward_zero_std": 0.2 + rng.normal(0, 0.02),
@@ -150,3 +152,39 @@ def test_thresholds_are_parameters_and_unknown_names_are_errors():
         Diagnostics(kl_spike_facter=3.0)
     with pytest.raises(ValueError, match="window must be >= 2"):
         Diagnostics(window=1)
+
+
+def test_reward_nan_for_five_steps_says_no_function_applies():
+    run = healthy_run()
+    for s in list(range(30, 40)) + list(range(70, 80)):  # every function returned None for every completion
+        run[s].update({"reward": np.nan, "reward_std": np.nan, "frac_reward_zero_std": 1.0,
+                       "rewards/accuracy/mean": np.nan, "rewards/format/mean": np.nan})
+    warnings = feed(Diagnostics(), run)
+    # NaN at 30, 31, 32, 33, 34: the fifth in a row fires; 40-69 are clear for 30 > rearm_steps=10
+    # steps, so the second outage is a new episode. One warning each, not one per function too.
+    assert [s for s, _ in warnings] == [34, 74]
+    msg = warnings[0][1]
+    assert "no_reward" in msg and "NaN for 5 steps in a row" in msg and "'accuracy', 'format'" in msg
+    assert "field" in msg and "format they parse" in msg
+
+
+def test_one_function_that_never_applies_is_named():
+    run = healthy_run()
+    for m in run:
+        m["rewards/format/mean"] = np.nan  # e.g. it reads example["solution"] but the data has "answer"
+    warnings = feed(Diagnostics(), run)
+    assert [s for s, _ in warnings] == [4]  # steps 0-4: five in a row, then once for the whole run
+    msg = warnings[0][1]
+    assert "reward_fn_never_applies" in msg and "reward function 'format'" in msg
+    assert "field-name or format mismatch" in msg and "'accuracy'" not in msg
+
+
+def test_sometimes_none_is_not_never():
+    run = healthy_run()
+    for s, m in enumerate(run):
+        if s % 5:  # 4 NaN steps in a row, then one where the function applied to something
+            m["rewards/format/mean"] = np.nan
+    assert feed(Diagnostics(), run) == []
+    assert [s for s, _ in feed(Diagnostics(no_reward_steps=3), run)] == [3]
+    with pytest.raises(ValueError, match="no_reward_steps must be >= 1"):
+        Diagnostics(no_reward_steps=0)

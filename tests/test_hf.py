@@ -158,11 +158,51 @@ def test_unexpected_tensor_is_an_error_but_stale_rope_tables_are_not(ckpt):
 def test_missing_files_name_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found: .*nowhere"):
         hf.load_model(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="checkpoint directory not found: .*nowhere"):
+        hf.read_config(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="config.json not found .*config.json"):
         hf.load_model(tmp_path)
     shutil.copy(FIXTURES / "hf_llama" / "config.json", tmp_path)
-    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+    with pytest.raises(FileNotFoundError, match="weights not found .*no model.safetensors"):
         hf.load_model(tmp_path)
+
+
+def _truncate_half(file: pathlib.Path) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+# (file, damage, what the one-line message must say besides the file's path). The old messages
+# were bare: "SafetensorError: Error while deserializing header: header too large",
+# "JSONDecodeError: Expecting value: line 1 column 1 (char 0)", "KeyError: 'weight_map'".
+_CORRUPTIONS = [
+    ("model.safetensors", lambda f: f.write_bytes(b"garbage garbage garbage"), "header too large"),
+    ("model.safetensors", _truncate_half, "file not fully covered"),
+    ("model.safetensors", lambda f: f.write_bytes(b""), "header too small"),
+    ("config.json", lambda f: f.write_text('{"hidden_size": 32,,\n}'), "line 1, column 20"),
+    ("config.json", lambda f: f.write_text(""), "empty file"),
+    ("config.json", lambda f: f.write_text("[1, 2]"), "expected a JSON object, got list"),
+    ("config.json", lambda f: f.write_bytes(b'{"a":\n "\xff"}'), "byte 0xff at line 2, column 3"),
+    ("config.json", lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "hidden_size": None})),
+     "field 'hidden_size' must be a number, got None"),
+    ("config.json", lambda f: f.write_text(json.dumps(
+        {k: v for k, v in json.loads(f.read_text()).items() if k != "vocab_size"})), "missing field 'vocab_size'"),
+    ("model.safetensors.index.json", lambda f: f.write_text('{"weight_map": '), "line 1, column 16"),
+    ("model.safetensors.index.json", lambda f: f.write_text("{}"), "weight_map"),
+]
+
+
+@pytest.mark.parametrize("file_name,damage,detail", _CORRUPTIONS,
+                         ids=[f"{c[0]}-{c[2]}" for c in _CORRUPTIONS])
+def test_corrupt_checkpoint_file_is_named_in_a_one_line_error(ckpt, file_name, damage, detail):
+    path = ckpt("llama")
+    damage(path / file_name)
+    with pytest.raises(ValueError) as err:
+        hf.load_model(path)
+    message = str(err.value)
+    # One line (the traceback's last line) holding the file's path and the cause.
+    assert message.splitlines() == [message]
+    assert str(path / file_name) in message and detail in message
 
 
 # ---------------------------------------------------------------- sharded checkpoints

@@ -48,6 +48,59 @@ def test_cut_off_last_line_is_skipped_but_bad_middle_line_is_an_error(tmp_path):
         read_metrics(tmp_path)
 
 
+def test_resume_after_a_crash_mid_write_starts_a_new_line_and_reads_back(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')  # killed while writing step 2
+    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+        with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+            w.write(2, {"reward": 0.6})  # resumed from the step-1 checkpoint
+            w.write(3, {"reward": 0.7})
+    assert "ends in a line cut off mid-write" in caplog.text
+    # Old: '{"step": 2, "rew{"step": 2, "reward": 0.6}' on line 2, an error for every reader.
+    assert path.read_text().splitlines() == [
+        '{"step": 1, "reward": 0.5}', '{"step": 2, "rew', '{"step": 2, "reward": 0.6}', '{"step": 3, "reward": 0.7}']
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+        records = read_metrics(tmp_path)
+    assert [(r["step"], r["reward"]) for r in records] == [(1, 0.5), (2, 0.6), (3, 0.7)]
+    assert "metrics.jsonl:2: skipping a line cut off mid-write" in caplog.text
+    # A file that ends cleanly gets no extra newline.
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        w.write(4, {"reward": 0.8})
+    assert path.read_text().endswith('0.7}\n{"step": 4, "reward": 0.8}\n')
+    # samples.jsonl is appended the same way.
+    (tmp_path / "samples.jsonl").write_text('{"step": 1, "compl')
+    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        w.write_samples(2, [{"completion": "x", "reward": 1.0}])
+    assert (tmp_path / "samples.jsonl").read_text().splitlines()[0] == '{"step": 1, "compl'
+
+
+def test_runs_written_before_the_fix_keep_the_record_glued_onto_a_fragment(tmp_path, caplog):
+    # What the old writer left after a crash and a resume: fragment + next record on one line
+    # (and, after a crash on some file systems, zero bytes where the tail should be).
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "reward": 0.5}\n{"step": 2, "rew{"step": 2, "reward": 0.6}\n'
+        '\x00\x00\x00{"step": 3, "reward": 0.7}\n{"step": 4, "reward": 0.8}\n')
+    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+        records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[1]["reward"] == 0.6
+    assert "metrics.jsonl:2: skipping a fragment" in caplog.text and "metrics.jsonl:3:" in caplog.text
+
+
+@pytest.mark.parametrize("bad_line", [
+    "not json",
+    '{"step": 2, "reward": 0.5, }',  # complete but corrupt: not a crash
+    '{"step": "2", "reward": 0.5}',  # a record without an integer step
+    '{"reward": 0.5}{"step": 3}',  # glued onto something that is not a cut-off record
+    '{"step": 2, "re\xe9ward": 0.5}',  # a stray byte
+])
+def test_corrupt_middle_lines_are_errors_naming_file_and_line(tmp_path, bad_line):
+    (tmp_path / "metrics.jsonl").write_bytes(
+        b'{"step": 1}\n' + bad_line.encode("latin-1") + b'\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a metrics record"):
+        read_metrics(tmp_path)
+
+
 def test_missing_run_dir_or_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         read_metrics(tmp_path / "nope")

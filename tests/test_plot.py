@@ -50,6 +50,23 @@ def test_cli_writes_into_out_dir(tmp_path, capsys):
     assert capsys.readouterr().out.split() == [str(tmp_path / "figs" / "kl.png")]
 
 
+def test_a_run_resumed_after_a_crash_mid_write_still_plots(tmp_path):
+    # Killed while writing step 21, resumed from step 20: the old writer glued step 21's new
+    # record onto the fragment and `python -m grpo_jax.plot` failed on the run from then on.
+    from grpo_jax.metrics import MetricsWriter
+    _write_run(tmp_path, n_steps=20)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 21, "reward": 0.4, "k')
+    with MetricsWriter(tmp_path, total_steps=40, tensorboard=False, console=False) as w:
+        for step in range(21, 41):
+            w.write(step, {"reward": 0.2 + 0.01 * step, "kl": 0.001 * step})
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.plot", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "metrics.jsonl:23: skipping a line cut off mid-write" in out.stderr
+    assert str(tmp_path / "plots" / "reward.png") in out.stdout.split()
+
+
 def test_missing_run_dir_or_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no_run"):
         plot_run(tmp_path / "no_run")

@@ -1,12 +1,14 @@
 """What a run is built from: float32 master weights on every path, and batch/mesh checks."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from grpo_jax import hf, run_context, sharding
 from grpo_jax import model as model_lib
-from grpo_jax.config import Config, ConfigError, GRPOSection, ModelSection
+from grpo_jax.config import Config, ConfigError, GRPOSection, ModelSection, TaskSection
 from grpo_jax.tokenizer import CharTokenizer
 
 
@@ -30,3 +32,19 @@ def test_a_micro_batch_that_does_not_split_over_the_devices_names_the_fields():
     two_devices = jax.sharding.AbstractMesh((2, 1, 1), sharding.MESH_AXES)  # only its axis sizes are read
     with pytest.raises(ConfigError, match="micro-batch of 9 completions .* mesh.data \\* mesh.fsdp = 2"):
         run_context.check_batch_fits_mesh(config, two_devices)
+
+
+def test_an_over_long_data_file_prompt_is_found_at_start_up(tmp_path):
+    # Before: a 40,000-word question stopped the run at the same step on every resume.
+    lines = [f'{{"question": "What is {i} + 1?", "answer": "#### {i + 1}"}}' for i in range(20)]
+    lines[4] = '{"question": "' + "very " * 40_000 + 'long?", "answer": "#### 5"}'
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    base = Config(model=ModelSection(tokenizer="builtin", hidden_size=16, intermediate_size=32, num_heads=2,
+                                     num_kv_heads=1, head_dim=8, num_layers=1),
+                  task=TaskSection(name="jsonl", options={"path": str(path), "eval_fraction": 0.0}))
+    ctx, _ = run_context.build(base)
+    assert ctx.task.num_train == 19
+    strict = dataclasses.replace(base, task=dataclasses.replace(base.task, overlong_prompts="error"))
+    with pytest.raises(ValueError, match=f"{path}:5: prompt of [0-9]+ tokens is longer than the limit of 16384"):
+        run_context.build(strict)

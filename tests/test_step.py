@@ -82,3 +82,26 @@ def test_micro_batch_with_all_tokens_masked_counts_nothing_in_the_update_metrics
         # reassociation only, ~20 terms x u ~ 1e-6 relative.
         assert float(m2[name]) == pytest.approx(float(m1[name]), rel=1e-5, abs=1e-7), name
     assert float(m1["entropy"]) > 1.0  # a real value, so the comparison can fail
+
+
+def test_an_update_with_a_non_finite_loss_is_skipped_and_counted():
+    # One inf advantage (e.g. from an inf reward) makes the loss inf and every gradient NaN; the
+    # update leaves params and Adam state exactly as they were and says so.
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(MODEL, 0)))
+    params = jax.jit(lambda: nnx.split(model_lib.init_model(MODEL, 0))[1])()
+    grpo = config_lib.GRPOSection(prompts_per_step=2, num_generations=2, beta=0.04)
+    tx = optax.adam(1e-2)
+    update = step_lib.make_update_fn(graphdef, tx, grpo, 1.0)
+    batch = _batch(1, 4, 3, 5, mask_last_micro=False)
+    bad = dataclasses.replace(batch, advantages=batch.advantages.at[0, 0].set(jnp.inf))
+    before = jax.tree.map(np.asarray, params)
+    opt_state = tx.init(params)
+    new_params, new_opt, m = update(jax.tree.map(jnp.copy, params), opt_state, bad)
+    assert float(m["skipped_updates"]) == 1.0 and not np.isfinite(float(m["loss"]))
+    for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(new_opt))
+    _, _, ok = update(jax.tree.map(jnp.copy, params), tx.init(params), batch)
+    assert float(ok["skipped_updates"]) == 0.0
+    assert step_lib.combine_update_metrics([{**{k: float(v) for k, v in ok.items()}},
+                                            {**{k: float(v) for k, v in m.items()}}])["skipped_updates"] == 1.0

@@ -110,6 +110,22 @@ def test_bad_records_name_file_and_line(tmp_path, line, answer_format, message):
     assert f"{path}, line 2: " in str(error.value) and message in str(error.value)
 
 
+def test_non_utf8_bytes_name_file_line_and_byte(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    # "café" saved as Latin-1 on line 2. Old: "UnicodeDecodeError: 'utf-8' codec can't decode
+    # byte 0xe9 in position 58", a position in the read buffer, with no file or line.
+    path.write_bytes(b'{"question": "1+1?", "answer": "#### 2"}\n'
+                     b'{"question": "caf\xe9 costs?", "answer": "#### 3"}\n')
+    with pytest.raises(ValueError) as error:
+        JsonlTask(path=str(path))
+    assert str(error.value) == (
+        f"{path}, line 2: not UTF-8 text (byte 0xe9 at byte 18 of the line: invalid continuation "
+        "byte); re-save the file as UTF-8")
+    # A UTF-8 byte-order mark on line 1 is not an error (json.loads would reject it).
+    path.write_bytes(b'\xef\xbb\xbf{"question": "1+1?", "answer": "#### 2"}\n')
+    assert JsonlTask(path=str(path), eval_fraction=0.0).train_example(0)["question"] == "1+1?"
+
+
 def test_bad_options(tmp_path):
     with pytest.raises(ValueError, match="answer_format='latex'"):
         JsonlTask(path=GSM8K, answer_format="latex")
@@ -156,6 +172,97 @@ def test_train_order_is_an_epochwise_permutation_from_the_seed(tmp_path):
     assert fresh.train_example(n + 5) == task.train_example(n + 5)  # random access for resumes
     other = JsonlTask(path=task.path, eval_fraction=0.0, seed=4)
     assert [other.train_example(i)["question"] for i in range(n)] != epoch0
+
+
+# --- over-long prompts --------------------------------------------------------------------------
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer: one token per word."""
+    return len(text.split())
+
+
+def with_long_questions(tmp_path, long_lines=(7, 18), n=200, long_words=40_000):
+    """many_questions' file with the questions on the given (1-based) lines made `long_words` long."""
+    lines = [f'{{"question": "What is {i} + 1?", "answer": "#### {i + 1}"}}' for i in range(n)]
+    for line in long_lines:
+        i = line - 1
+        lines[i] = f'{{"question": "{"very " * long_words}long {i}?", "answer": "#### {i + 1}"}}'
+    return write(tmp_path, "\n".join(lines) + "\n", "long.jsonl")
+
+
+def test_overlong_prompts_are_skipped_from_both_splits(tmp_path, caplog):
+    # One 40,000-word question used to crash the run at the same step on every resume
+    # ("prompt of 128920 tokens is longer than the largest prompt bucket").
+    path = with_long_questions(tmp_path)
+    task = JsonlTask(path=path, eval_fraction=0.2)
+    full = JsonlTask(path=path, eval_fraction=0.2)
+    in_eval = {e["question"].split()[-1] for e in full.eval_examples() if len(e["question"]) > 1000}
+    assert in_eval == {"17?"}  # by hash: line 18's long question is held out, line 7's is not
+    calls = []
+    with caplog.at_level("WARNING", logger="grpo_jax.tasks.jsonl"):
+        counts = task.check_prompt_lengths(lambda text: calls.append(text) or words(text), max_tokens=64)
+    assert counts == {"train_skipped": 1, "eval_skipped": 1, "checked": 200}
+    assert len(calls) == len(set(calls)) == 200  # every prompt tokenised once, nothing else
+    (record,) = caplog.records  # one warning, naming the count and the file:line of each
+    assert "skipped 2 over-long example(s) of 200 (training 1, held-out 1)" in record.getMessage()
+    assert f"{path}:7 (40007 tokens), {path}:18 (40007 tokens)" in record.getMessage()
+    assert task.num_train == full.num_train - 1
+    assert len(task.eval_examples()) == len(full.eval_examples()) - 1
+    # The training stream walks the kept examples: each once per epoch, none of them long, none
+    # held out; and a fresh task (a resumed run) makes the same check and gets the same stream.
+    n = task.num_train
+    stream = [task.train_example(i)["question"] for i in range(2 * n)]
+    assert sorted(stream[:n]) == sorted(stream[n:]) and len(set(stream[:n])) == n
+    assert max(len(q) for q in stream) < 100
+    assert not set(stream) & {e["question"] for e in task.eval_examples()}
+    resumed = JsonlTask(path=path, eval_fraction=0.2)
+    resumed.check_prompt_lengths(words, max_tokens=64)
+    assert [resumed.train_example(i)["question"] for i in range(n + 3, n + 10)] == stream[n + 3:n + 10]
+    # A second check finds nothing more to skip.
+    assert task.check_prompt_lengths(words, max_tokens=64) == {
+        "train_skipped": 0, "eval_skipped": 0, "checked": 198}
+
+
+def test_overlong_prompt_error_names_file_line_tokens_and_limit(tmp_path):
+    path = with_long_questions(tmp_path, long_lines=(7,))
+    task = JsonlTask(path=path, eval_fraction=0.0, template="r1")
+    limit = 40_000
+    with pytest.raises(ValueError) as error:
+        task.check_prompt_lengths(words, max_tokens=limit, on_overlong="error")
+    tokens = max(words(task.train_example(i)["prompt"]) for i in range(task.num_train))  # line 7's
+    assert tokens > limit
+    assert str(error.value).startswith(
+        f"{path}:7: prompt of {tokens} tokens is longer than the limit of {limit} tokens")
+    assert task.num_train == 200  # nothing was dropped
+    # Fitting prompts pass; the tokenizer's own error is located; bad arguments are named.
+    short = JsonlTask(path=many_questions(tmp_path, 5), eval_fraction=0.0)
+    assert short.check_prompt_lengths(words, 64, "error") == {
+        "train_skipped": 0, "eval_skipped": 0, "checked": 5}
+
+    def refuse(text):
+        raise ValueError("character '?' is not one of the CharTokenizer symbols")
+    with pytest.raises(ValueError, match=r"many\.jsonl:1: cannot tokenise the prompt \(ValueError: character"):
+        short.check_prompt_lengths(refuse, 64)
+    with pytest.raises(ValueError, match="on_overlong='truncate'"):
+        short.check_prompt_lengths(words, 64, "truncate")
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        short.check_prompt_lengths(words, 0)
+    with pytest.raises(ValueError, match="every one of the 5 training prompts"):
+        short.check_prompt_lengths(words, 2)
+
+
+def test_overlong_check_with_eval_path_keeps_held_out_questions_out_of_training(tmp_path):
+    long_q = "very " * 500 + "long?"
+    train = write(tmp_path, f'{{"question": "{long_q}", "answer": "1"}}\n{{"question": "c", "answer": "2"}}\n'
+                            '{"question": "d", "answer": "3"}\n')
+    held = write(tmp_path, f'{{"question": "e", "answer": "1"}}\n{{"question": "{long_q}", "answer": "1"}}\n',
+                 "eval.jsonl")
+    task = JsonlTask(path=train, eval_path=held)
+    assert task.check_prompt_lengths(words, 100) == {"train_skipped": 0, "eval_skipped": 1, "checked": 4}
+    assert [e["question"] for e in task.eval_examples()] == ["e"]
+    # The long question was held out, so it stays out of training even once it is skipped there.
+    assert sorted(task.train_example(i)["question"] for i in range(task.num_train)) == ["c", "d"]
 
 
 # --- checking model answers ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Tokenizers as worked examples: text in, the ids (or text) expected, and why."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -186,6 +187,31 @@ def test_hf_tokenizer_needs_an_eos(tmp_path):
         tk.HFTokenizer(path)
 
 
+def test_corrupt_tokenizer_files_are_named_with_line_and_column(tmp_path):
+    path = _write_hf_tokenizer(tmp_path, {"eos_token": "<|im_end|>"})
+    good = path.read_text()
+    # Old: "Exception: EOF while parsing a value at line 1 column 28", no file named.
+    path.write_text('{"version": "1.0", "model": ')  # cut off after 28 characters
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: not a readable tokenizer.json \(EOF while parsing "
+                                         r"a value at line 1 column 28\)$"):
+        tk.load_tokenizer(str(tmp_path))
+    path.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*UTF-8"):
+        tk.HFTokenizer(path)
+    path.write_text(good)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text('{"eos_token": ')  # old: JSONDecodeError, no file named
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}: not valid JSON \(Expecting value at line 1, column 15\)$"):
+        tk.HFTokenizer(path)
+    config.write_text('"<|im_end|>"')  # old: searched the string for "eos_token", then "no eos token"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}: expected a JSON object, got str$"):
+        tk.HFTokenizer(path)
+    bad_model = tmp_path / "broken.model"
+    bad_model.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad_model))}: not a readable sentencepiece model"):
+        tk.load_tokenizer(str(bad_model))
+
+
 # ---------------------------------------------------------------- load_tokenizer specs
 
 def test_load_tokenizer_specs_and_errors(tmp_path, llama_style_spm):
@@ -198,6 +224,11 @@ def test_load_tokenizer_specs_and_errors(tmp_path, llama_style_spm):
         tk.load_tokenizer(str(tmp_path))
     with pytest.raises(ValueError, match="unknown tokenizer spec 'gpt2'.*'char:<symbols>', 'builtin'"):
         tk.load_tokenizer("gpt2")
+    # A missing directory (or a hub id: nothing is downloaded) is "not found" with the path.
+    with pytest.raises(FileNotFoundError, match=f"tokenizer path not found: {tmp_path}/no_such_dir"):
+        tk.load_tokenizer(str(tmp_path / "no_such_dir"))
+    with pytest.raises(FileNotFoundError, match="tokenizer path not found: Qwen/Qwen2.5-0.5B"):
+        tk.load_tokenizer("Qwen/Qwen2.5-0.5B")
 
 
 def test_ids_past_the_vocabulary_decode_to_nothing():

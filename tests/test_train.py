@@ -22,6 +22,7 @@ from grpo_jax import phases, train
 from grpo_jax import step as step_lib
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
+from grpo_jax.rewards import RewardTimeoutError
 from grpo_jax.tasks import RewardSpec
 from tolerances import ADAM_EPS_FOR_COMPARISONS, GRAD_REL_ERR, adam_weight_atol
 
@@ -330,3 +331,165 @@ def test_the_loop_dispatches_the_next_rollout_before_reading_the_last_update(tmp
     for row in result.history:  # each phase timed from when the devices ran it, not dispatch
         assert all(row[k] > 0 for k in ("time/rollout", "time/update", "time/step")), row
         assert row["time/step"] >= row["time/update"]
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run_with_finite_checkpoints(tmp_path, monkeypatch):
+    # A batch whose advantages are inf (what an inf reward used to give): every update of those
+    # steps is skipped and counted, the params stay finite, and train.max_nonfinite_steps in a row
+    # stop the run with a message; every checkpoint on disk is finite.
+    score = phases.score
+
+    def poisoned(ctx, batch):
+        advantages, mask = score(ctx, batch)
+        return np.full_like(advantages, np.inf), mask
+
+    monkeypatch.setattr(train.phases, "score", poisoned)
+    cfg = tiny_config(tmp_path)
+    with pytest.raises(FloatingPointError, match=r"3 steps in a row .*train.max_nonfinite_steps=3"):
+        train.run(cfg, task=SevensTask())
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["skipped_updates"] for r in rows] == [2.0, 2.0, 2.0]  # both minibatch updates, each step
+    steps = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
+    assert steps and steps[-1] == 3
+    from grpo_jax.checkpoint import CheckpointManager
+    ctx, fresh = train.run_context.build(cfg, task=SevensTask())
+    ckpt = CheckpointManager(tmp_path / "checkpoints")
+    restored = train.initial_state(ctx, fresh, ckpt, resume=True)
+    ckpt.close()
+    assert restored.step == 3
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.params))
+
+
+def test_no_checkpoint_is_written_from_non_finite_params(tmp_path):
+    cfg = tiny_config(tmp_path)
+    ctx, fresh = train.run_context.build(cfg, task=SevensTask())
+    bad = dataclasses.replace(fresh, step=1, params=jax.tree.map(lambda x: x * np.nan, fresh.params))
+    from grpo_jax.checkpoint import CheckpointManager
+    ckpt = CheckpointManager(tmp_path / "checkpoints")
+    with pytest.raises(train.NonFiniteStateError, match="step 1: params or optimizer state are not finite"):
+        train.save(ctx, ckpt, bad)
+    ckpt.close()
+    assert not (tmp_path / "checkpoints" / "1").exists()
+
+
+_CLI_CONFIG = textwrap.dedent("""
+    import dataclasses, sys
+    sys.path.insert(0, {tests!r})
+    from test_train import tiny_config
+    from grpo_jax.config import SFTSection, TaskSection
+
+    def get_config():
+        cfg = tiny_config({run_dir!r})
+        return dataclasses.replace(
+            cfg, task=TaskSection(name="arithmetic", options={{"digits": 1}}),
+            sft=SFTSection(steps={sft_steps}, batch_size=16, eval_every=1000, eval_size=16),
+            train=dataclasses.replace(cfg.train, steps=100000, checkpoint_every=0, progress=True))
+""")
+
+
+def _cli(tmp_path, sft_steps):
+    config = tmp_path / "cfg.py"
+    config.write_text(_CLI_CONFIG.format(tests=os.path.join(ROOT, "tests"), run_dir=str(tmp_path / "run"),
+                                         sft_steps=sft_steps))
+    return subprocess.Popen([sys.executable, "-m", "grpo_jax", "train", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def _wait_for(proc, text, timeout=240):
+    seen = b""
+    t0 = time.time()
+    os.set_blocking(proc.stdout.fileno(), False)
+    while time.time() - t0 < timeout:
+        chunk = proc.stdout.read() or b""
+        seen += chunk
+        if text.encode() in seen:
+            return seen
+        if proc.poll() is not None:
+            raise AssertionError(seen.decode()[-3000:])
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared")
+
+
+def test_sigterm_during_the_sft_warm_up_stops_gracefully_with_the_stopped_status(tmp_path):
+    # Before: SIGTERM during the warm-up killed the run at once (or printed a 37-frame traceback),
+    # and a graceful stop exited 0 like a finished run.
+    proc = _cli(tmp_path, sft_steps=100000)
+    _wait_for(proc, "sft step 0")
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 75, out[-3000:]
+    assert "stopped by SIGTERM during the SFT warm-up" in out
+    assert "Traceback" not in out
+
+
+def test_sigterm_during_grpo_exits_with_the_stopped_status_after_a_checkpoint(tmp_path):
+    proc = _cli(tmp_path, sft_steps=0)
+    _wait_for(proc, " 2/100000 ")
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 75, out[-3000:]
+    assert "continue with --resume" in out and "Traceback" not in out
+    assert [n for n in os.listdir(tmp_path / "run" / "checkpoints") if n.isdigit()]
+
+
+class HangingSevens(SevensTask):
+    """The sevens task whose reward function hangs from step 3 on (it used to hang the trainer, and
+    make it ignore SIGTERM); `on_hang` runs when it starts hanging."""
+
+    def __init__(self, on_hang=lambda: None):
+        self.on_hang = on_hang
+
+    def reward_fns(self):
+        def sevens_or_hang(prompts, completions, *, step, **fields):
+            if step >= 3:
+                self.on_hang()
+                time.sleep(30)
+            return sevens_reward(prompts, completions)
+
+        return [RewardSpec("sevens_or_hang", sevens_or_hang, 1.0)]
+
+
+def test_a_hanging_reward_function_times_out_naming_it_and_the_last_step_is_saved(tmp_path):
+    cfg = tiny_config(tmp_path, reward_timeout_s=1.0)
+    t0 = time.time()
+    with pytest.raises(RewardTimeoutError, match="sevens_or_hang"):
+        train.run(cfg, task=HangingSevens())
+    assert time.time() - t0 < 25  # one timeout, not the 30 s hang
+    assert max(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()) == 2
+
+
+def test_sigterm_while_a_reward_function_hangs_still_stops_the_run(tmp_path):
+    import threading
+
+    def send_sigterm():
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    cfg = tiny_config(tmp_path, reward_timeout_s=0.0)  # no timeout at all
+    t0 = time.time()
+    result = train.run(cfg, task=HangingSevens(on_hang=send_sigterm))
+    assert time.time() - t0 < 25
+    assert (result.stopped_by, result.step) == ("SIGTERM", 2)
+    assert max(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit()) == 2
+
+
+class InfOnceSevens(SevensTask):
+    """Returns inf for one completion at step 3: before, every param became NaN, the run exited 0
+    and keep_checkpoints rotated the good checkpoints out."""
+
+    def reward_fns(self):
+        def sevens_inf_once(prompts, completions, *, step, **fields):
+            values = sevens_reward(prompts, completions)
+            if step == 3:
+                values[0] = float("inf")
+            return values
+
+        return [RewardSpec("sevens_inf_once", sevens_inf_once, 1.0)]
+
+
+def test_an_inf_reward_is_an_error_naming_the_function_and_the_good_checkpoints_stay(tmp_path):
+    cfg = tiny_config(tmp_path, keep_checkpoints=2)
+    with pytest.raises(ValueError, match=r"reward function 'sevens_inf_once' returned inf at index 0"):
+        train.run(cfg, task=InfOnceSevens())
+    steps = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
+    assert steps == [1, 2]

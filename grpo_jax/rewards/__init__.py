@@ -9,6 +9,8 @@ from grpo_jax.rewards.code import code_reward, code_reward_fn
 from grpo_jax.rewards.combine import (
     LambdaSchedule,
     RewardFn,
+    RewardInterrupted,
+    RewardTimeoutError,
     WeightedReward,
     check_format_weight,
     compute_rewards,
@@ -31,7 +33,7 @@ from grpo_jax.rewards.math_verify import (
 from grpo_jax.rewards.pool import VerifierPool
 
 __all__ = [
-    "LambdaSchedule", "MathParseError", "RewardFn", "VerifierPool", "WeightedReward", "answers_equal",
+    "LambdaSchedule", "MathParseError", "RewardFn", "RewardInterrupted", "RewardTimeoutError", "VerifierPool", "WeightedReward", "answers_equal",
     "check_format_weight", "code_reward", "code_reward_fn", "compute_rewards", "extract_boxed",
     "fast_math_reward", "format_reward", "format_reward_fn", "gate", "math_accuracy_reward", "math_reward",
     "normalize_answer", "overlong_penalty_fn", "parse_math", "penalty", "scheduled", "soft_overlong_penalty",

@@ -6,6 +6,9 @@ A pathological answer or a crash of the checker must cost one 0.0, never the tra
 - a worker that misses an item's deadline is killed and replaced; that item scores 0.0 and the
   rest of its chunk is requeued; a worker that dies (segfault, os._exit, out of memory) likewise;
 - a function that raises inside the worker scores 0.0 for that item.
+`call` runs one whole function call (a user reward function's batch) in a worker instead, with an
+optional timeout and a stop flag; there an error is raised, not scored, since nothing item-sized
+is left to score 0.0.
 Workers use the "spawn" start method: the trainer process runs JAX threads, and forking a
 multithreaded process can deadlock.
 """
@@ -21,11 +24,51 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+class CallTimeout(TimeoutError):
+    """`VerifierPool.call` ran past its timeout; the worker was killed and replaced."""
+
+
+class CallInterrupted(Exception):
+    """`should_stop()` became true while `VerifierPool.call` waited; the worker was killed and replaced."""
+
+
+class RemoteError(Exception):
+    """`VerifierPool.call`'s function raised, could not be loaded, killed its worker, or returned
+    something that cannot be pickled back. The message reads after the function's name
+    ("raised KeyError: 'answer' ..."); a worker's traceback is appended."""
+
+
+def _run_call(conn, payload: bytes, memory_mb: int | None) -> None:
+    """One `call` message: unpickle (fn, args, kwargs), say "loaded", run, send ("ok", value) or ("error", text)."""
+    try:
+        fn, args, kwargs = pickle.loads(payload)  # may import fn's module: not counted against the call
+    except BaseException as e:  # noqa: BLE001 -- reported to the caller, the worker lives on
+        conn.send(("error", f"could not be loaded in its worker process: {type(e).__name__}: {e}"))
+        return
+    conn.send("loaded")
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 -- SystemExit in user code is an error, not a worker exit
+        hint = ""
+        if isinstance(e, MemoryError) and memory_mb:
+            hint = f" (the worker's address space is limited to {memory_mb} MB: VerifierPool(memory_mb=...))"
+        text = f"raised {type(e).__name__}: {e}{hint}\ntraceback in its worker process:\n{traceback.format_exc()}"
+        conn.send(("error", text))
+        return
+    try:
+        conn.send(("ok", value))  # pickled before anything is written: a failure sends nothing
+    except Exception as e:  # noqa: BLE001 -- a generator, an open file...: reported by type
+        conn.send(("error", (f"returned a {type(value).__name__}, which cannot be pickled back from its worker "
+                             f"process ({type(e).__name__}: {e}); expected a list of floats or None")))
 
 
 def _worker_main(conn, memory_mb: int | None) -> None:
-    """Worker loop: receive (fn, items), send one float per item; None stops the worker."""
+    """Worker loop: ("map", fn, items) -> one float per item; ("call", payload) -> one result; None stops."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
@@ -42,7 +85,10 @@ def _worker_main(conn, memory_mb: int | None) -> None:
             return
         if msg is None:
             return
-        fn_bytes, items = msg
+        if msg[0] == "call":
+            _run_call(conn, msg[1], memory_mb)
+            continue
+        _, fn_bytes, items = msg
         try:
             fn = pickle.loads(fn_bytes)  # may import fn's module: not counted against an item
         except Exception as e:  # noqa: BLE001 -- an unimportable fn: every item scores 0.0
@@ -81,8 +127,10 @@ class VerifierPool:
     Usage:
         with VerifierPool(num_workers=2, timeout_s=2.0) as pool:
             scores = pool.map(math_reward, [(completion, answer), ...])
+            values = pool.call(user_reward, (prompts, completions), fields, timeout_s=60.0)
     `fn` must be a picklable top-level function returning a float; each item is a tuple of its
-    positional arguments. An item that times out, raises, or kills its worker scores 0.0.
+    positional arguments. An item that times out, raises, or kills its worker scores 0.0. `call`
+    raises instead (see its docstring): it is how compute_rewards runs a user's reward function.
     """
 
     def __init__(self, num_workers: int | None = None, *, timeout_s: float = 2.0, memory_mb: int | None = 2048,
@@ -132,7 +180,7 @@ class VerifierPool:
                 if not w.chunk and pending:
                     idx = pending.popleft()
                     try:
-                        w.conn.send((fn_bytes, [items[i] for i in idx]))
+                        w.conn.send(("map", fn_bytes, [items[i] for i in idx]))
                     except (BrokenPipeError, OSError):
                         pending.appendleft(idx)
                         self._replace(k)
@@ -174,6 +222,87 @@ class VerifierPool:
                 w.chunk = []
                 self._replace(k)
         return [float(r) for r in results]
+
+    def call(self, fn: Callable[..., Any], args: Sequence = (), kwargs: Mapping[str, Any] | None = None, *,
+             timeout_s: float | None = None, should_stop: Callable[[], bool] | None = None,
+             poll_s: float = 0.1) -> Any:
+        """fn(*args, **kwargs) in a worker process; its return value.
+
+        `timeout_s` (None: no limit) counts from the moment the worker has unpickled fn and its
+        arguments (importing fn's module is start-up, bounded by `startup_timeout_s`). Waits in
+        slices of `poll_s` seconds, calling `should_stop()` (if given) after each.
+        Raises:
+          pickle.PicklingError: fn or an argument cannot be pickled (a lambda, a closure, a lock).
+          CallTimeout: past timeout_s; the worker was killed and replaced.
+          CallInterrupted: should_stop() became true; the worker was killed and replaced.
+          RemoteError: fn raised (the worker's traceback is in the message), could not be loaded,
+            killed its worker (replaced), or returned a value that cannot be pickled.
+        """
+        if self._closed:
+            raise RuntimeError("VerifierPool.call called after close()")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"VerifierPool.call: timeout_s must be None or > 0, got {timeout_s}")
+        try:
+            payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        except Exception as e:  # PicklingError, AttributeError (a local object), TypeError (a lock)
+            raise pickle.PicklingError(f"cannot pickle {getattr(fn, '__qualname__', fn)!r} or its arguments "
+                                       f"for a worker process: {type(e).__name__}: {e}") from e
+        with self._lock:
+            return self._call(payload, timeout_s, should_stop, poll_s)
+
+    def _idle_worker(self) -> int:
+        """A worker that has said "ready" (start-up done), else the first one."""
+        for k, w in enumerate(self._workers):
+            if not w.ready and w.proc.is_alive() and w.conn.poll(0):
+                try:
+                    w.ready = w.conn.recv() == "ready"
+                except (EOFError, OSError):
+                    self._replace(k)
+            if w.ready:
+                return k
+        return 0
+
+    def _call(self, payload, timeout_s, should_stop, poll_s):
+        k = self._idle_worker()
+        try:
+            self._workers[k].conn.send(("call", payload))
+        except (BrokenPipeError, OSError):
+            self._replace(k)
+            self._workers[k].conn.send(("call", payload))
+        w = self._workers[k]
+        deadline = time.monotonic() + self.startup_timeout_s  # until "loaded", then timeout_s
+        loaded = False
+        while True:
+            if should_stop is not None and should_stop():
+                self._replace(k)
+                raise CallInterrupted("should_stop() became true; the worker was killed")
+            now = time.monotonic()
+            if now >= deadline:
+                self._replace(k)
+                if not loaded:
+                    raise RemoteError(f"did not start in its worker process within startup_timeout_s="
+                                      f"{self.startup_timeout_s:g} s (importing its module?); the worker was killed")
+                raise CallTimeout(f"ran past {timeout_s:g} s; the worker was killed and replaced")
+            if not w.conn.poll(min(poll_s, deadline - now)):
+                continue
+            try:
+                msg = w.conn.recv()
+            except (EOFError, OSError):  # the worker died: segfault, os._exit, out of memory, a signal
+                w.proc.join(timeout=1)
+                code = w.proc.exitcode
+                self._replace(k)
+                if should_stop is not None and should_stop():  # a SIGTERM to the process group
+                    raise CallInterrupted("should_stop() became true; the worker died") from None
+                raise RemoteError(f"killed its worker process (exit code {code}); the worker was replaced") from None
+            if msg == "ready":
+                w.ready = True
+            elif msg == "loaded":
+                loaded = True
+                deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+            elif msg[0] == "ok":
+                return msg[1]
+            else:
+                raise RemoteError(msg[1])
 
     def close(self) -> None:
         if self._closed:

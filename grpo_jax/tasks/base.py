@@ -27,7 +27,16 @@ RewardFn = Callable[..., list[float | None]]
 
 @runtime_checkable
 class Task(Protocol):
-    """The interface the trainer calls. Example dicts carry "prompt", "answer" and task fields."""
+    """The interface the trainer calls. Example dicts carry "prompt", "answer" and task fields.
+
+    Optional, for tasks that read data they did not generate (JsonlTask):
+    `check_prompt_lengths(count_tokens, max_tokens, on_overlong="skip") -> {"train_skipped",
+    "eval_skipped", "checked"}`, which the trainer calls once at start-up, before the first
+    `train_example`, when the task has it. It tokenises every prompt once and drops (or, with
+    "error", names) those longer than the sampler's largest prompt bucket, so one over-long
+    example cannot crash every resume at the same step. Built-in generators make prompts that fit
+    by construction and leave it out; it is not part of the runtime check below.
+    """
 
     name: str
 

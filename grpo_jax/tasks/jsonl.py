@@ -15,14 +15,21 @@ below `eval_fraction`. Duplicated questions therefore land on the same side.
 Training order: `train_example(index)` reads epoch `index // n` and position `index % n` of a
 permutation drawn from (seed, epoch), so every epoch visits every training example once, in a new
 order, and any index can be produced directly (a resumed run continues at its saved position).
+
+Over-long prompts: `check_prompt_lengths(count_tokens, max_tokens)` (the trainer calls it once at
+start-up, before any index is drawn) drops from both splits the examples whose prompt is longer
+than the sampler takes, so n and the permutations are those of the kept examples, the same on
+every resume with the same tokenizer and limit; or, with on_overlong="error", names the first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from grpo_jax import rewards
@@ -43,6 +50,10 @@ from .templates import TEMPLATES, answer_block, apply_template
 ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "raw")
 _MAX_TEXT = 20_000
 _GROUPED_NUMBER = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?", re.ASCII)
+OVERLONG_CHOICES = ("skip", "error")
+_SHOWN_LOCATIONS = 5  # over-long examples named in the warning or error; the rest are counted
+
+log = logging.getLogger(__name__)
 
 
 def last_boxed(text: str) -> str | None:
@@ -90,14 +101,31 @@ def _question_key(question: str) -> str:
 
 def read_jsonl(path: str, question_field: str, answer_field: str, answer_format: str) -> list[dict]:
     """Records of `path` with "question" and "answer" filled in; errors name the file and line."""
+    return [record for _, record in _read_numbered(path, question_field, answer_field, answer_format)]
+
+
+def _read_numbered(path: str, question_field: str, answer_field: str,
+                   answer_format: str) -> list[tuple[int, dict]]:
+    """(line number, record) for each record of `path`; see `read_jsonl`."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"JSONL data file not found: {path!r}")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    # Bytes, decoded line by line: a text-mode file reports a bad byte as "position 243" of its
+    # read buffer, which is neither the line nor the column.
+    with open(path, "rb") as f:
+        for line_no, raw_line in enumerate(f, start=1):
+            where = f"{path}, line {line_no}"
+            if line_no == 1 and raw_line.startswith(b"\xef\xbb\xbf"):
+                raw_line = raw_line[3:]  # a UTF-8 byte-order mark (Windows editors write one)
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{where}: not UTF-8 text (byte 0x{raw_line[e.start]:02x} at byte {e.start + 1} "
+                    f"of the line: {e.reason}); re-save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}, line {line_no}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
@@ -123,7 +151,7 @@ def read_jsonl(path: str, question_field: str, answer_field: str, answer_format:
                     f"answer_format={answer_format!r} (gsm8k needs '#### <answer>', boxed needs "
                     f"'\\boxed{{...}}'): {str(raw)[:80]!r}"
                 )
-            records.append({**record, "question": question, "answer": answer})
+            records.append((line_no, {**record, "question": question, "answer": answer}))
     if not records:
         raise ValueError(f"{path}: no examples (the file is empty)")
     return records
@@ -147,6 +175,9 @@ class JsonlTask:
 
     _train: list[dict] = dataclasses.field(default_factory=list, init=False, repr=False)
     _eval: list[dict] = dataclasses.field(default_factory=list, init=False, repr=False)
+    # "file:line" of each example, aligned with _train / _eval, for messages about one example.
+    _train_where: list[str] = dataclasses.field(default_factory=list, init=False, repr=False)
+    _eval_where: list[str] = dataclasses.field(default_factory=list, init=False, repr=False)
     _order: tuple[int, list[int]] | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -158,18 +189,24 @@ class JsonlTask:
         check_fraction("eval_fraction", self.eval_fraction)
         check_format_weight(self.format_weight)
         fields = (self.question_field, self.answer_field, self.answer_format)
-        records = [self._example(r) for r in read_jsonl(self.path, *fields)]
+        numbered = _read_numbered(self.path, *fields)
+        records = [self._example(r) for _, r in numbered]
+        where = [f"{self.path}:{n}" for n, _ in numbered]
         if self.eval_path is not None:
-            self._eval = [self._example(r) for r in read_jsonl(self.eval_path, *fields)]
+            eval_numbered = _read_numbered(self.eval_path, *fields)
+            self._eval = [self._example(r) for _, r in eval_numbered]
+            self._eval_where = [f"{self.eval_path}:{n}" for n, _ in eval_numbered]
             held_out = {_question_key(e["question"]) for e in self._eval}
-            self._train = [r for r in records if _question_key(r["question"]) not in held_out]
+            member = [_question_key(r["question"]) in held_out for r in records]
         else:
             member = [
                 unit_hash("jsonl-split", _question_key(r["question"])) < self.eval_fraction
                 for r in records
             ]
             self._eval = [r for r, m in zip(records, member) if m]
-            self._train = [r for r, m in zip(records, member) if not m]
+            self._eval_where = [w for w, m in zip(where, member) if m]
+        self._train = [r for r, m in zip(records, member) if not m]
+        self._train_where = [w for w, m in zip(where, member) if not m]
         if not self._train:
             raise ValueError(
                 f"{self.path}: no training examples left after the held-out split "
@@ -195,6 +232,65 @@ class JsonlTask:
 
     def eval_examples(self) -> list[dict]:
         return [dict(e) for e in self._eval]
+
+    def check_prompt_lengths(self, count_tokens: Callable[[str], int], max_tokens: int,
+                             on_overlong: str = "skip") -> dict[str, int]:
+        """Tokenises every training and held-out prompt once; acts on those over `max_tokens`.
+
+        count_tokens: prompt text -> its number of tokens as the sampler will see it, e.g.
+          `lambda text: len(tokenizer.encode(text))`.
+        max_tokens: the longest prompt the sampler takes (its largest prompt bucket).
+        on_overlong: "skip" drops over-long examples from both splits (one warning with the count
+          and the first few file:line locations); "error" raises a ValueError naming the first
+          one's file, line, token count and the limit.
+
+        Call it before the first `train_example`: skipping changes n, so the training order is a
+        permutation of the kept examples. Skipping only removes examples, so the held-out split
+        stays disjoint from training. Returns {"train_skipped", "eval_skipped", "checked"}.
+        """
+        check_choice("on_overlong", on_overlong, OVERLONG_CHOICES)
+        check_int_range("max_tokens", max_tokens, 1)
+        over: dict[str, list[tuple[int, str, int]]] = {}  # split -> (position, where, tokens)
+        for split, examples, wheres in (("train", self._train, self._train_where),
+                                        ("eval", self._eval, self._eval_where)):
+            over[split] = []
+            for i, (example, where) in enumerate(zip(examples, wheres)):
+                try:
+                    tokens = int(count_tokens(example["prompt"]))
+                except Exception as e:  # noqa: BLE001 -- the tokenizer's error, located
+                    raise ValueError(f"{where}: cannot tokenise the prompt "
+                                     f"({type(e).__name__}: {e})") from e
+                if tokens > max_tokens:
+                    over[split].append((i, where, tokens))
+        found = over["train"] + over["eval"]
+        counts = {"train_skipped": len(over["train"]), "eval_skipped": len(over["eval"]),
+                  "checked": len(self._train) + len(self._eval)}
+        if not found:
+            return counts
+        shown = ", ".join(f"{w} ({t} tokens)" for _, w, t in found[:_SHOWN_LOCATIONS])
+        more = f" and {len(found) - _SHOWN_LOCATIONS} more" if len(found) > _SHOWN_LOCATIONS else ""
+        if on_overlong == "error":
+            _, where, tokens = found[0]
+            others = f"; {len(found)} over-long prompts in all: {shown}{more}" if len(found) > 1 else ""
+            raise ValueError(
+                f"{where}: prompt of {tokens} tokens is longer than the limit of {max_tokens} tokens "
+                f"(the sampler's largest prompt bucket){others}. Shorten it, raise the largest prompt "
+                "bucket, or skip over-long examples (on_overlong='skip')"
+            )
+        if len(over["train"]) == len(self._train):
+            raise ValueError(f"{self.path}: every one of the {len(self._train)} training prompts is "
+                             f"longer than the limit of {max_tokens} tokens, e.g. {shown}")
+        for split, examples, wheres in (("train", self._train, self._train_where),
+                                        ("eval", self._eval, self._eval_where)):
+            drop = {i for i, _, _ in over[split]}
+            examples[:] = [e for i, e in enumerate(examples) if i not in drop]
+            wheres[:] = [w for i, w in enumerate(wheres) if i not in drop]
+        self._order = None  # n changed: the permutations are drawn anew over the kept examples
+        log.warning(
+            "skipped %d over-long example(s) of %d (training %d, held-out %d) whose prompts are "
+            "longer than %d tokens: %s%s", len(found), counts["checked"], counts["train_skipped"],
+            counts["eval_skipped"], max_tokens, shown, more)
+        return counts
 
     def extract_answer(self, completion: str) -> str | None:
         """The single boxed answer (inside the <answer> block for r1), canonical for majority voting.

@@ -1,0 +1,158 @@
+"""The run directory before a run touches it: is it a previous run's, may this run use it, and has
+the config changed since that run started.
+
+A run directory holds one run's checkpoints, metrics.jsonl, samples and config.json. Starting a new
+run there without `--resume` would let the new run's checkpoints rotate out the old run's and mix
+both runs' rows in metrics.jsonl, so it is refused unless `--overwrite` says to replace it.
+`--resume` compares the saved config.json with the new config: fields that change what the run
+means refuse (with the list of differences) unless `--allow-config-change`; operational ones
+(evaluation cadence, logging, checkpoint cadence, workers, the mesh) are accepted and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from typing import Any
+
+from grpo_jax import config as config_lib
+
+log = logging.getLogger("grpo_jax")
+
+CONFIG_FILE = "config.json"
+# What a run writes into its directory (train.py, metrics.py, report.py, plot.py).
+RUN_FILES = ("checkpoints", "metrics.jsonl", "samples.jsonl", "tensorboard", "plots", "summary.md", "sft.json",
+             "hf", CONFIG_FILE)
+
+# Config fields (or whole sections) that may change on --resume without changing what the run
+# computes: how often it evaluates, logs and saves, where it runs and with how many workers. Every
+# other field (model shape, task and its options, G, seed, steps and the schedule, every GRPO and
+# optimizer setting) changes the run's meaning.
+OPERATIONAL_FIELDS = (
+    "eval.",
+    "mesh.",
+    "sampling.threads",
+    "train.run_dir",
+    "train.log_every",
+    "train.samples_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.async_checkpoints",
+    "train.stop_after_steps",
+    "train.export_hf",
+    "train.verifier_workers",
+    "train.reward_timeout_s",
+    "train.max_nonfinite_steps",
+    "train.progress",
+)
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked; the message says what would work."""
+
+
+def previous_run(run_dir: str) -> list[str]:
+    """What in `run_dir` belongs to an earlier run (empty for a new or empty directory)."""
+    if not os.path.isdir(run_dir):
+        return []
+    found = []
+    ckpt = os.path.join(run_dir, "checkpoints")
+    if os.path.isdir(ckpt):
+        steps = sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+        if steps:
+            found.append(f"checkpoints at steps {steps}")
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        if os.path.isfile(os.path.join(run_dir, name)) and os.path.getsize(os.path.join(run_dir, name)) > 0:
+            found.append(name)
+    return found
+
+
+def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(section.field, saved value, new value) for every field that differs, in config order;
+    task options as "task.options.<name>"."""
+    diffs = []
+    for section in new:
+        old_sec, new_sec = saved.get(section, {}), new[section]
+        for field in new_sec:
+            if section == "task" and field == "options":
+                old_opts, new_opts = old_sec.get("options", {}), new_sec["options"]
+                for name in sorted(set(old_opts) | set(new_opts)):
+                    if old_opts.get(name) != new_opts.get(name):
+                        diffs.append((f"task.options.{name}", old_opts.get(name), new_opts.get(name)))
+                continue
+            old, value = old_sec.get(field), new_sec[field]
+            if isinstance(value, tuple):
+                value = list(value)
+            if old != value:
+                diffs.append((f"{section}.{field}", old, value))
+    return diffs
+
+
+def is_operational(key: str) -> bool:
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in OPERATIONAL_FIELDS)
+
+
+def prepare(config: config_lib.Config, run_dir: str, *, resume: bool, overwrite: bool,
+            allow_config_change: bool, primary: bool) -> None:
+    """Checks `run_dir` for this run (RunDirError naming what to do), and with `overwrite` removes
+    the previous run's files. Nothing is written here; config.json is written by the caller once
+    the run has started from its state."""
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    found = previous_run(run_dir)
+    if found and not resume:
+        if not overwrite:
+            raise RunDirError(
+                f"{run_dir} holds a previous run ({', '.join(found)}); starting there would delete its "
+                "checkpoints and mix both runs' metrics. Pass --resume to continue it, --overwrite to replace "
+                "it, or set train.run_dir to a new directory"
+            )
+        if primary:
+            for name in RUN_FILES:
+                path = os.path.join(run_dir, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.exists(path):
+                    os.remove(path)
+            log.warning("--overwrite: removed the previous run in %s (%s)", run_dir, ", ".join(found))
+    if resume:
+        check_resumed_config(config, run_dir, allow_config_change=allow_config_change)
+
+
+def check_resumed_config(config: config_lib.Config, run_dir: str, *, allow_config_change: bool) -> None:
+    """Compares run_dir/config.json (the run's config when it started) with `config`."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        if previous_run(run_dir):
+            log.warning("--resume: %s has no %s; the config cannot be compared with the run's", run_dir, CONFIG_FILE)
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
+    diffs = config_differences(saved, config_lib.to_dict(config))
+    meaningful = [d for d in diffs if not is_operational(d[0])]
+    for key, old, new in diffs:
+        if is_operational(key):
+            log.info("--resume: %s changed %r -> %r (does not change what the run computes)", key, old, new)
+    if meaningful and not allow_config_change:
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in meaningful)
+        raise RunDirError(
+            f"--resume: the config differs from the run's ({path}) in fields that change what the run means:\n"
+            f"{lines}\nUse the run's values, start a new train.run_dir, or pass --allow-config-change to resume "
+            "with these changes anyway"
+        )
+    for key, old, new in meaningful:
+        log.warning("--resume --allow-config-change: %s %r -> %r", key, old, new)
+
+
+def write_config(config: config_lib.Config, run_dir: str) -> None:
+    """config.json: the config this run (or resumed run) runs with, written atomically."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(config_lib.to_dict(config), f, indent=2)
+    os.replace(tmp, path)

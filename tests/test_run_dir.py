@@ -1,0 +1,104 @@
+"""A run directory is one run's: reusing it needs --resume (the config compared with the run's) or
+--overwrite; nothing of the old run is lost without one of them."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import pytest
+
+from grpo_jax import config as config_lib
+from grpo_jax import run_dir as run_dir_lib
+from grpo_jax import train
+from grpo_jax.run_dir import RunDirError
+from test_train import SevensTask, tiny_config
+
+
+def _finished_run(tmp_path, steps=2):
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    train.run(cfg, task=SevensTask())
+    return cfg
+
+
+def test_starting_over_a_previous_run_is_refused_and_deletes_nothing(tmp_path):
+    # Before: the second start deleted the first run's checkpoints (rotated out by keep_checkpoints)
+    # and appended its rows to the same metrics.jsonl, without a word.
+    cfg = _finished_run(tmp_path)
+    before = sorted(os.listdir(tmp_path / "checkpoints"))
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(RunDirError, match=r"previous run \(checkpoints at steps \[1, 2\].*--resume.*--overwrite"):
+        train.run(cfg, task=SevensTask())
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == before
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+
+
+def test_overwrite_replaces_the_previous_run(tmp_path):
+    cfg = _finished_run(tmp_path)
+    result = train.run(cfg, task=SevensTask(), overwrite=True)
+    assert result.step == 2
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]  # only the new run's rows
+
+
+def test_resume_refuses_a_config_that_changes_the_run_and_names_the_fields(tmp_path):
+    cfg = _finished_run(tmp_path)
+    saved = (tmp_path / "config.json").read_text()
+    changed = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, num_generations=2),
+                                  train=dataclasses.replace(cfg.train, seed=4, steps=3))
+    with pytest.raises(RunDirError) as err:
+        train.run(changed, task=SevensTask(), resume=True)
+    message = str(err.value)
+    for line in ("grpo.num_generations: 4 -> 2", "train.seed: 3 -> 4", "train.steps: 2 -> 3",
+                 "--allow-config-change"):
+        assert line in message, message
+    assert (tmp_path / "config.json").read_text() == saved  # not rewritten by a start that failed
+
+
+def test_resume_accepts_operational_changes_and_logs_them(tmp_path, caplog):
+    cfg = _finished_run(tmp_path)
+    more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=3))
+    # A longer run is a meaning change (the schedule's length)...
+    with pytest.raises(RunDirError, match="train.steps: 2 -> 3"):
+        train.run(more, task=SevensTask(), resume=True)
+    # ... which --allow-config-change accepts; evaluation and logging cadence never need it.
+    relaxed = dataclasses.replace(more, train=dataclasses.replace(more.train, log_every=2, samples_every=1))
+    with caplog.at_level(logging.INFO, logger="grpo_jax"):
+        result = train.run(relaxed, task=SevensTask(), resume=True, allow_config_change=True)
+    assert result.step == 3
+    text = caplog.text
+    assert "train.log_every changed 1 -> 2" in text and "train.steps 2 -> 3" in text
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
+
+
+def test_config_differences_cover_task_options_and_tuples():
+    a = config_lib.to_dict(config_lib.Config())
+    b = config_lib.to_dict(config_lib.apply_overrides(config_lib.Config(), ["task.options.digits=3",
+                                                                            "eval.ks=[1, 4]"]))
+    a = json.loads(json.dumps(a))  # as read back from config.json: tuples become lists
+    diffs = run_dir_lib.config_differences(a, b)
+    assert ("task.options.digits", None, 3) in diffs
+    assert ("eval.ks", [1, 8], [1, 4]) in diffs
+    assert run_dir_lib.is_operational("eval.ks") and not run_dir_lib.is_operational("task.options.digits")
+    with pytest.raises(RunDirError, match="contradict"):
+        run_dir_lib.prepare(config_lib.Config(), "/nonexistent", resume=True, overwrite=True,
+                            allow_config_change=False, primary=True)
+
+
+def test_resume_after_the_final_save_keeps_the_summary_table(tmp_path, monkeypatch):
+    # Before: `--resume` of a finished run rewrote summary.md as "(no held-out evaluation ran)".
+    from grpo_jax import report
+    from grpo_jax.config import EvalSection
+
+    run = train.run
+    monkeypatch.setattr(report.train, "run", lambda config, **kw: run(config, task=SevensTask(), **kw))
+    cfg = dataclasses.replace(tiny_config(tmp_path), eval=EvalSection(every=0, num_questions=4, num_samples=2,
+                                                                      ks=(1, 2)))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2))
+    report.run_and_report(cfg)
+    first = (tmp_path / "summary.md").read_text()
+    assert "| held-out metric | step 0 | step 2 |" in first
+    result = report.run_and_report(cfg, resume=True)
+    assert result.step == 2 and not result.history  # nothing left to train
+    assert (tmp_path / "summary.md").read_text() == first
