@@ -2,16 +2,27 @@
 
 Typical arithmetic completions (an R1-formatted answer with one boxed integer, decimal or fraction,
 half right) go through `math_accuracy_reward`: fast path inline, the symbolic remainder to a pool.
-Target (issue 4): >= 1,000 typical completions per second on a 2-core machine.
+MATH-style completions are MATH-500's real answers (grpo_jax/assets/data/math500_test.jsonl): each
+problem's gold answer boxed (right) and the next problem's gold answer boxed (wrong), 1,000
+verifications of intervals, matrices, sets, equations, words and surds, with sympy's cache cleared
+(and the verifier's normalisation cache) before each cold run so that repeats do not flatter it.
+Targets: >= 1,000 typical completions per second (issue 4) and >= 5,000 MATH-style verifications
+per second (issue "Real checkpoints, tokenizers and data", part 4), on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import random
 import time
 
-from grpo_jax.rewards import VerifierPool, math_accuracy_reward
+import sympy.core.cache
+
+from grpo_jax.rewards import VerifierPool, math_accuracy_reward, normalize_answer
+
+MATH500 = pathlib.Path(__file__).resolve().parent.parent / "grpo_jax" / "assets" / "data" / "math500_test.jsonl"
 
 
 def typical_batch(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
@@ -34,8 +45,18 @@ def symbolic_batch(n: int) -> tuple[list[str], list[str]]:
     return comps, [f"\\frac{{{k}}}{{\\sqrt{{2}}}}" for k in range(1, n + 1)]
 
 
-def rate(completions, answers, pool) -> float:
+def math500_batch(path: pathlib.Path = MATH500) -> tuple[list[str], list[str]]:
+    """Each gold answer boxed against itself, then the next problem's gold answer against it."""
+    gold = [json.loads(line)["answer"] for line in path.read_text().splitlines()]
+    wrong = gold[1:] + gold[:1]
+    return [f"\\boxed{{{a}}}" for a in gold + wrong], gold + gold
+
+
+def rate(completions, answers, pool, *, cold: bool = False) -> float:
     prompts = [""] * len(completions)
+    if cold:
+        sympy.core.cache.clear_cache()
+        getattr(normalize_answer, "cache_clear", lambda: None)()
     start = time.perf_counter()
     math_accuracy_reward(prompts, completions, answer=answers, pool=pool)
     return len(completions) / (time.perf_counter() - start)
@@ -48,12 +69,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     completions, answers = typical_batch(args.n)
-    print(f"typical, inline (no pool):   {rate(completions, answers, None):10.0f} completions/s")
+    print(f"typical, inline (no pool):   {rate(completions, answers, None, cold=True):10.0f} completions/s")
+    mc, ma = math500_batch()
+    print(f"MATH-500, inline, cold:      {rate(mc, ma, None, cold=True):10.0f} verifications/s")
+    print(f"MATH-500, inline, warm:      {rate(mc, ma, None):10.0f} verifications/s")
     t0 = time.perf_counter()
     with VerifierPool(num_workers=args.workers, timeout_s=2.0) as pool:
         pool.map(abs, [(1,)] * args.workers)  # wait for the workers to import
         print(f"pool start-up:               {time.perf_counter() - t0:10.2f} s")
         print(f"typical, with pool:          {rate(completions, answers, pool):10.0f} completions/s")
+        print(f"MATH-500, pool x{args.workers}:          {rate(mc, ma, pool):10.0f} verifications/s")
         sc, sa = symbolic_batch(args.n_symbolic)
         print(f"symbolic (sympy), inline:    {rate(sc, sa, None):10.0f} completions/s")
         print(f"symbolic (sympy), pool x{args.workers}:   {rate(sc, sa, pool):10.0f} completions/s")

@@ -51,7 +51,7 @@ def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int =
     config = bench.w1_config(run_dir, steps=steps, prompts_per_step=prompts_per_step,
                              num_generations=num_generations, max_new_tokens=max_new_tokens)
     task = _TimedTask()
-    tokenizer = bench.WideVocabTokenizer(load_tokenizer(config.model.tokenizer))
+    tokenizer = bench.WideVocabTokenizer(load_tokenizer(config.model.tokenizer_spec()))
     t0 = time.perf_counter()
     result = train.run(config, task=task, tokenizer=tokenizer)
     wall = time.perf_counter() - t0

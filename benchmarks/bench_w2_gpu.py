@@ -72,7 +72,7 @@ def main():
     config = bench.w1_config(run_dir, steps=args.steps, prompts_per_step=n, num_generations=g,
                              max_new_tokens=c, model=model)
     config = dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, ref_dtype="bfloat16"))
-    tokenizer = bench.WideVocabTokenizer(load_tokenizer(model.tokenizer))
+    tokenizer = bench.WideVocabTokenizer(load_tokenizer(model.tokenizer_spec()))
     result = train.run(config, task=bench.AdditionTask(), tokenizer=tokenizer)
     summary = bench.summarize_steps(result.history, first=3, last=args.steps)
 

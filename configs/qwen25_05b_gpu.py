@@ -13,7 +13,7 @@ from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, Opt
 
 def get_config() -> Config:
     return Config(
-        model=ModelSection(hf_path="/models/Qwen2.5-0.5B-Instruct", tokenizer="/models/Qwen2.5-0.5B-Instruct",
+        model=ModelSection(hf_path="/models/Qwen2.5-0.5B-Instruct",
                            dtype="bfloat16", param_dtype="float32"),
         task=TaskSection(name="jsonl", options={"path": "data/gsm8k_train.jsonl", "template": "r1",
                                                 "answer_format": "gsm8k", "format_weight": 0.2}),

@@ -1,6 +1,7 @@
 """Command line: flags to a config to `train.run`; nothing else.
 
 python -m grpo_jax train --config configs/arith_cpu.py [--set grpo.beta=0.04 ...] [--resume | --overwrite]
+python -m grpo_jax eval --config FILE [--checkpoint RUN_DIR | --hf DIR] --data gsm8k|math500|PATH [--limit K]
 
 Exit status: 0 when the run finished, 75 (EX_TEMPFAIL: run it again with --resume) when SIGTERM,
 Ctrl-C or train.stop_after_steps stopped it after saving a checkpoint, 2 for a config or run
@@ -19,7 +20,11 @@ def main(argv=None) -> int:
         prog="python -m grpo_jax", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run SFT warm-up (if configured) then GRPO")
+    from grpo_jax.config import describe_fields
+
+    train = sub.add_parser(
+        "train", help="run SFT warm-up (if configured) then GRPO", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config fields (--set SECTION.FIELD=VALUE; tuples and dicts as JSON):\n" + describe_fields())
     train.add_argument("--config", required=True, help="a Python file with get_config() -> Config")
     train.add_argument(
         "--set",
@@ -34,6 +39,11 @@ def main(argv=None) -> int:
                        help="replace a previous run in the run directory (its checkpoints and metrics are deleted)")
     train.add_argument("--allow-config-change", action="store_true",
                        help="with --resume: continue even where the config changes what the run means")
+    from grpo_jax import eval_command
+
+    evaluate = sub.add_parser("eval", help="pass@k, maj@k and greedy accuracy of a policy on a data set",
+                              description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(evaluate)
     args = parser.parse_args(argv)
 
     from grpo_jax import sharding
@@ -44,6 +54,8 @@ def main(argv=None) -> int:
     )
     for noisy in ("jax", "absl", "orbax"):  # backend probing and per-save Orbax chatter
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "eval":
+        return eval_command.run(args)
     from grpo_jax import config as config_lib
 
     overrides = list(args.set) + ([f"train.run_dir={args.run_dir}"] if args.run_dir else [])

@@ -242,7 +242,7 @@ class CheckpointManager:
                       step: int) -> tuple[Any, dict]:
         _check_json_files(self.directory / str(step))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
-        _silence_abandoned_reads(self.directory)
+        silence_abandoned_reads(self.directory)
         with self._quiet_orbax(step):
             restored = manager.restore(step, args=args)
         meta = restored["meta"]
@@ -370,7 +370,7 @@ def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
     return not (f"{os.sep}orbax{os.sep}" in message or any(d in message for d in _RESTORED_DIRECTORIES))
 
 
-def _silence_abandoned_reads(directory: Path) -> None:
+def silence_abandoned_reads(directory: Path) -> None:
     """Installs the filters (once each; the unraisable hook chains to the one it replaces)."""
     _RESTORED_DIRECTORIES.add(str(directory))
     if not isinstance(sys.unraisablehook, _UnraisableFilter):

@@ -17,6 +17,9 @@ import typing
 from typing import Any, Literal
 
 
+DEFAULT_TOKENIZER = "char:0123456789+="
+
+
 class ConfigError(ValueError):
     """A config key or value that is not allowed; the message names it and what would be right."""
 
@@ -26,7 +29,9 @@ class ModelSection:
     """The policy. Either `hf_path` (a Hugging Face checkpoint directory) or the shape fields below."""
 
     hf_path: str | None = None
-    tokenizer: str = "char:0123456789+="  # see grpo_jax.tokenizer.load_tokenizer for accepted specs
+    # See grpo_jax.tokenizer.load_tokenizer for accepted specs. None: the checkpoint's own tokenizer
+    # (`hf_path`), else the demo's 14-symbol "char:0123456789+=".
+    tokenizer: str | None = None
     vocab_size: int = 0  # 0: taken from the tokenizer
     hidden_size: int = 128
     intermediate_size: int = 512
@@ -44,6 +49,10 @@ class ModelSection:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_seed: int = 0
+
+    def tokenizer_spec(self) -> str:
+        """The tokenizer this model uses: `tokenizer`, else `hf_path`'s, else the demo's."""
+        return self.tokenizer or self.hf_path or DEFAULT_TOKENIZER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +163,10 @@ class TrainSection:
     # this many steps in a row with a skipped update stop the run.
     max_nonfinite_steps: int = 3
     progress: bool = True
+    # Scalar sinks besides metrics.jsonl (TRL's name): "tensorboard", "wandb" (WANDB_MODE=offline
+    # works without a network); () for none. Each is skipped with a log line when not installed.
+    report_to: tuple[str, ...] = ("tensorboard",)
+    wandb_project: str = "grpo_jax"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +301,9 @@ def validate(config: Config) -> None:
         ("grpo.max_resample_rounds", g.max_resample_rounds),
     ]:
         _positive(key, value, allow_zero=True)
+    for sink in t.report_to:
+        if sink not in ("tensorboard", "wandb"):
+            raise ConfigError(f"train.report_to contains {sink!r}; choose from ['tensorboard', 'wandb'] (or [] for none)")
     if not t.run_dir.strip():
         raise ConfigError("train.run_dir is empty; give the directory for checkpoints, metrics and plots")
     if m.param_dtype == "bfloat16":
@@ -434,6 +450,24 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
             new_section = dataclasses.replace(section, **{parts[1]: _parse_value(key, text, hints[parts[1]])})
         sections[parts[0]] = new_section
     return Config(**sections)  # validates once
+
+
+def describe_fields() -> str:
+    """Every `--set` key with its type and default, one per line, section by section (for --help)."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory().__class__
+        hints = typing.get_type_hints(cls)
+        defaults = section.default_factory()
+        lines.append(f"  {section.name}:")
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if typing.get_origin(hint) is Literal:
+                kind = "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+            else:
+                kind = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+            lines.append(f"    {section.name}.{f.name} = {getattr(defaults, f.name)!r}  ({kind})")
+    return "\n".join(lines)
 
 
 def load_config_file(path: str | os.PathLike) -> Config:

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out: Llama, Qwen2/2.5 and Qwen3 causal LMs, safetensors only.
 
     model = hf.load_model("/ckpt/Qwen2.5-0.5B", dtype="bfloat16")   # model(tokens_BxT) -> logits_BxTxV
-    hf.save_model(model, "/out/policy", base_config=hf.read_config("/ckpt/Qwen2.5-0.5B"))
+    hf.save_model(model, "/out/policy", source_dir="/ckpt/Qwen2.5-0.5B")  # config, tokenizer, weights
 
 Weights are read with `safetensors` into numpy (no torch), one tensor at a time, and mapped onto
 the parameter tree documented in `grpo_jax/model/transformer.py` (HF Linear weights are [out, in];
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import shutil
 from typing import Any, Callable
 
 import jax.numpy as jnp
@@ -293,16 +295,32 @@ def _architecture_for(config: ModelConfig) -> str:
     return "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
 
 
-def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json for `config`. Fields of `base_config` (the source checkpoint's config.json:
-    token ids, max_position_embeddings, ...) are kept unless the model defines them."""
+# config.json keys by the ModelConfig fields they come from: a group whose fields the model still
+# has as the source's config.json says is kept as the source wrote it (its spelling, its extra
+# keys); a group the model changed is written afresh.
+_CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("vocab_size",), ("vocab_size",)),
+    (("hidden_size",), ("hidden_size",)),
+    (("intermediate_size",), ("intermediate_size",)),
+    (("num_layers",), ("num_hidden_layers", "layer_types")),
+    (("num_heads",), ("num_attention_heads",)),
+    (("num_kv_heads",), ("num_key_value_heads",)),
+    (("head_dim",), ("head_dim",)),
+    (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
+    (("rms_norm_eps",), ("rms_norm_eps",)),
+    (("tie_embeddings",), ("tie_word_embeddings",)),
+    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias",
+                               "use_sliding_window", "sliding_window", "layer_types")),
+)
+_DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
+
+
+def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
+    """config.json for `config` alone: every key the model defines, in the spelling every reader
+    understands (transformers 4 and 5, vLLM)."""
     arch = _architecture_for(config)
-    out = dict(base_config or {})
-    for stale in ("rope_parameters", "rope_scaling", "rope_theta", "dtype", "torch_dtype",
-                  "layer_types", "sliding_window", "use_sliding_window", "transformers_version"):
-        out.pop(stale, None)
     c = config
-    out.update({
+    out = {
         "architectures": [arch],
         "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
         "vocab_size": c.vocab_size,
@@ -320,8 +338,7 @@ def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = Non
         "rope_scaling": None if c.rope_scaling is None else {
             "rope_type": "llama3", **dataclasses.asdict(c.rope_scaling)},
         "torch_dtype": c.param_dtype,
-    })
-    out.setdefault("max_position_embeddings", 4096)
+    }
     if arch != "Qwen2ForCausalLM":
         out["attention_bias"] = False
     if arch == "LlamaForCausalLM":
@@ -331,18 +348,108 @@ def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = Non
     return out
 
 
-def save_model(model: Transformer, path: str | pathlib.Path, *,
-               base_config: dict[str, Any] | None = None) -> pathlib.Path:
-    """Writes config.json + model.safetensors (HF layout, param dtype) into directory `path`.
+def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = None,
+                   token_ids: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json for `config`.
 
-    transformers' `AutoModelForCausalLM.from_pretrained(path)` and vLLM load the result. Pass the
-    source checkpoint's config.json as `base_config` to keep its token ids and context length.
+    With `base_config` (the source checkpoint's config.json) every key of it is kept, and only
+    what the model changed is rewritten: the weights' dtype (torch_dtype, or dtype where the source
+    spells it so), and any shape or architecture field that differs from what `base_config` says
+    (e.g. a resized vocab_size). `token_ids` ({"bos_token_id": .., "eos_token_id": ..,
+    "pad_token_id": ..}) fills ids the base does not give; without either they are null, and
+    max_position_embeddings (which the model does not know) is 4096.
+    """
+    fresh = _fresh_hf_config(config)
+    if not base_config:
+        out = fresh
+    else:
+        try:
+            derived = config_from_hf(base_config, dtype=config.dtype, param_dtype=config.param_dtype)
+        except (KeyError, TypeError, ValueError):  # a base we cannot read: every group is rewritten
+            derived = None
+        # transformers_version stays: it says which spelling the kept keys are in, and
+        # transformers reads a file by it (as it read the source).
+        out = dict(base_config)
+        for fields, keys in _CONFIG_KEY_GROUPS:
+            if derived is not None and all(getattr(derived, f) == getattr(config, f) for f in fields):
+                continue
+            for key in keys:
+                out.pop(key, None)
+            out.update({key: fresh[key] for key in keys if key in fresh})
+        dtype_keys = [k for k in _DTYPE_KEYS if k in base_config] or ["torch_dtype"]
+        for key in dtype_keys:
+            out[key] = config.param_dtype
+    for key, value in (token_ids or {}).items():
+        if out.get(key) is None:
+            out[key] = value
+    if not base_config:
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            out.setdefault(key, None)
+    out.setdefault("max_position_embeddings", 4096)
+    return out
+
+
+# A tokenizer as Hugging Face checkpoints ship it: everything transformers' AutoTokenizer and the
+# `tokenizers` package read, whichever of them the source has (chat_templates/ is a folder).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer.model", "spiece.model")
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux allows (os.umask can only set it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _copy_new_file(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """Copies src's bytes into a new file dst (mode from the umask, not src's: a read-only source,
+    such as a shared model store, must not make the export read-only)."""
+    if dst.exists() or dst.is_symlink():
+        dst.unlink()
+    shutil.copyfile(src, dst)
+
+
+def _token_ids_of(tokenizer) -> tuple[dict[str, Any], list[int]]:
+    """({"bos_token_id", "eos_token_id", "pad_token_id"} for config.json, all stop ids)."""
+    eos_ids = [int(i) for i in (getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))]
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": eos_ids[0], "pad_token_id": tokenizer.pad_id}
+    return ids, eos_ids
+
+
+def save_model(model: Transformer, path: str | pathlib.Path, *,
+               source_dir: str | pathlib.Path | None = None,
+               base_config: dict[str, Any] | None = None, tokenizer=None) -> pathlib.Path:
+    """Writes a Hugging Face checkpoint of `model` into directory `path`, and returns `path`.
+
+    Always: config.json and model.safetensors (HF layout, param dtype). With `source_dir` (the
+    checkpoint the model came from): config.json keeps the source's keys (`hf_config_from`;
+    `base_config` overrides the source's config.json), and its generation_config.json and tokenizer
+    files (`TOKENIZER_FILES`, chat_templates/) are copied, so the export loads and chats like the
+    source. Without a source, token ids come from `tokenizer` (any `grpo_jax.tokenizer` one) where
+    given, and generation_config.json lists its stop ids. Files get the mode a new file gets under
+    the umask (0644 under umask 022). transformers' `from_pretrained(path)` and vLLM load the result.
     """
     path = pathlib.Path(path)
     _architecture_for(model.config)  # fail before any work when no HF architecture fits
     if (path / "model.safetensors.index.json").exists():
         raise FileExistsError(f"{path} already holds a sharded checkpoint "
                               "(model.safetensors.index.json); save into an empty directory")
+    source = None if source_dir is None else pathlib.Path(source_dir)
+    if source is not None:
+        if base_config is None:
+            base_config = read_config(source)  # also: "checkpoint directory not found: ..."
+        if path.exists() and path.resolve() == source.resolve():
+            raise ValueError(f"save_model path {path} is its source_dir; export into another directory")
+    token_ids, stop_ids = _token_ids_of(tokenizer) if tokenizer is not None else ({}, [])
     config = model.config
     pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     tensors = {}
@@ -351,6 +458,27 @@ def save_model(model: Transformer, path: str | pathlib.Path, *,
         assert array.shape == e.hf_shape, (e.hf_name, array.shape, e.hf_shape)
         tensors[e.hf_name] = array
     path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config_from(config, base_config), indent=2) + "\n")
+    weights = path / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    # safetensors >= 0.8 writes a temp file (created 0600) and renames it over the target, so the
+    # export would be readable by its owner only (safetensors issue #782): give it a new file's mode.
+    os.chmod(weights, 0o666 & ~_umask())
+    hf_config = hf_config_from(config, base_config, token_ids)
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    copied = set()
+    if source is not None:
+        for name in (*TOKENIZER_FILES, "generation_config.json"):
+            if (source / name).is_file():
+                _copy_new_file(source / name, path / name)
+                copied.add(name)
+        if (source / "chat_templates").is_dir():
+            (path / "chat_templates").mkdir(exist_ok=True)
+            for file in sorted((source / "chat_templates").glob("*.jinja")):
+                _copy_new_file(file, path / "chat_templates" / file.name)
+    if "generation_config.json" not in copied and hf_config.get("eos_token_id") is not None:
+        generation = {key: hf_config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+                      if hf_config.get(key) is not None}
+        if len(stop_ids) > 1:
+            generation["eos_token_id"] = stop_ids
+        (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return path

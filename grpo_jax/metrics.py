@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_jax import scalar_sinks
+
 import numpy as np
 
 log = logging.getLogger(__name__)
@@ -91,39 +93,9 @@ def _format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def _open_tensorboard(log_dir: Path):
-    """A writer with ``add_scalar(tag, value, step)``, or None when neither backend is installed."""
-    try:
-        from tensorboardX import SummaryWriter  # type: ignore[import-not-found]
-
-        return SummaryWriter(str(log_dir))
-    except ImportError:
-        pass
-    try:
-        import tensorflow as tf  # type: ignore[import-not-found]
-    except ImportError:
-        log.info("TensorBoard off: install tensorboardX (pip install 'grpo_jax[tensorboard]') to enable it")
-        return None
-
-    class _TfWriter:
-        def __init__(self):
-            self._writer = tf.summary.create_file_writer(str(log_dir))
-
-        def add_scalar(self, tag, value, step):
-            with self._writer.as_default():
-                tf.summary.scalar(tag, value, step=step)
-
-        def flush(self):
-            self._writer.flush()
-
-        def close(self):
-            self._writer.close()
-
-    return _TfWriter()
-
-
 class MetricsWriter:
-    """Writes one record per ``write`` call to metrics.jsonl, TensorBoard and the console.
+    """Writes one record per ``write`` call to metrics.jsonl, the ``report_to`` sinks
+    (TensorBoard, Weights & Biases: `grpo_jax.scalar_sinks`) and the console.
 
     The console line (one per call, so it reads the same in a terminal and in a log file)::
 
@@ -138,8 +110,10 @@ class MetricsWriter:
         run_dir: str | Path,
         *,
         total_steps: int,
-        tensorboard: bool = True,
+        report_to: Sequence[str] = ("tensorboard",),
         console: bool = True,
+        wandb_project: str = "grpo_jax",
+        run_config: dict | None = None,
         key_metrics: Sequence[str] = ("reward", "kl", "entropy", "completions/mean_length"),
     ):
         if total_steps < 1:
@@ -153,7 +127,7 @@ class MetricsWriter:
         self._primary = jax.process_index() == 0
         self._metrics_fh = None
         self._samples_fh = None
-        self._tb = None
+        self._sinks = []
         self._t0: float | None = None
         self._step0: int | None = None
         if not self._primary:
@@ -163,8 +137,7 @@ class MetricsWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same file. Readers keep the last value per step.
         self._metrics_fh = _open_append(self.run_dir / METRICS_FILE)
-        if tensorboard:
-            self._tb = _open_tensorboard(self.run_dir / "tensorboard")
+        self._sinks = scalar_sinks.open_sinks(report_to, self.run_dir, wandb_project=wandb_project, config=run_config)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Appends ``{"step": step, **metrics}`` as one JSON line, logs scalars, prints the progress line."""
@@ -177,9 +150,8 @@ class MetricsWriter:
         record = {"step": int(step), **{k: _json_number(v) for k, v in values.items()}}
         self._metrics_fh.write(json.dumps(record, allow_nan=False) + "\n")
         self._metrics_fh.flush()  # a crash loses at most the line being written
-        if self._tb is not None:
-            for name, v in values.items():
-                self._tb.add_scalar(name, v, int(step))
+        for sink in self._sinks:
+            sink.write(int(step), values)
         if self.console:
             print(self.progress_line(int(step), values), flush=True)
 
@@ -248,10 +220,9 @@ class MetricsWriter:
             if fh is not None:
                 fh.close()
         self._metrics_fh = self._samples_fh = None
-        if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
     def __enter__(self) -> MetricsWriter:
         return self

@@ -153,7 +153,7 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         if row in local_rows:
             ro, j = local_rows[row]
             samples.append({
-                "prompt": ro.prompts[j],
+                "prompt": rollout_lib.prompt_text(ro.prompts[j]),
                 "completion": ro.completions[j],
                 "answer": ro.examples[j].get("answer"),
                 "reward": float(rewards[i]),

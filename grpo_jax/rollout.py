@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -18,6 +18,28 @@ from grpo_jax import sharding
 from grpo_jax.processes import Processes
 from grpo_jax.rewards import compute_rewards
 from grpo_jax.sampler import SampleOutput, Sampler, SamplingConfig
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """The ids a prompt is sampled from: messages ([{"role", "content"}, ...], TRL's conversational
+    format) through the tokenizer's chat template with the generation prompt, as transformers'
+    `apply_chat_template`; text with the tokenizer's own BOS rule (`encode_prompt`). A tokenizer
+    written before those methods existed gets `encode(text)`."""
+    if isinstance(prompt, (list, tuple)):
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ValueError(f"the prompt is a list of messages but {tokenizer!r} has no apply_chat_template; "
+                             "use a tokenizer with a chat template or give prompts as text")
+        return list(tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True))
+    if hasattr(tokenizer, "encode_prompt"):
+        return tokenizer.encode_prompt(prompt)
+    return tokenizer.encode(prompt)
+
+
+def prompt_text(prompt) -> str:
+    """A prompt as one string for logs and reward functions: messages as "role: content" lines."""
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
+    return prompt
 
 
 @dataclasses.dataclass
@@ -58,7 +80,7 @@ def dispatch_rollout(
     rng: jax.Array,
 ) -> PendingRollout:
     """Tokenises this process's prompts and calls the sampler; returns before the devices finish."""
-    prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in examples]
+    prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in examples]
     t0 = time.perf_counter()
     sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
     return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0)
@@ -120,6 +142,8 @@ def evaluate(
     rng: jax.Array,
     batch_prompts: int = 64,
     processes: Processes | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
+    samples: list[dict] | None = None,
 ) -> dict[str, float]:
     """Held-out pass@1, pass@k, maj@k (n=`num_samples` per question) and greedy accuracy.
 
@@ -127,7 +151,15 @@ def evaluate(
     training reward (seed Part 2, defence 4); a truncated answer never finished, so it has no final
     answer and is wrong (defence 3). Batches are padded to a fixed number of prompts so the sampler
     compiles once per eval shape. Several processes: each answers its slice of every batch and the
-    per-question results are summed over processes (`processes`; None: one process).
+    per-question results are summed over processes (`processes`; None: one process). Prompts are
+    text or messages (`encode_prompt`).
+
+    on_batch(done, total): called after each sampler call has been read and checked (`total`
+    batches: one pass over the questions per mode, sampled then greedy).
+    samples: when given, one record per question this process answered is appended, in question
+    order: {"index", "example", "sampled": [{"completion", "answer", "correct", "truncated",
+    "length"}] * num_samples, "greedy": {...} (with `greedy`)}; "answer" is `task.extract_answer`
+    (None when truncated).
     """
     processes = processes or Processes(mesh=None)
     local = processes.prompt_slice(batch_prompts)
@@ -135,6 +167,9 @@ def evaluate(
     modes = [("sampled", num_samples, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature))]
     if greedy:
         modes.append(("greedy", 1, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)))
+    total_batches = len(modes) * -(-len(examples) // batch_prompts)
+    done_batches = 0
+    records: dict[int, dict] = {}
     for mode_i, (mode, n, sampling) in enumerate(modes):
         # Per question: answers that passed, and the final answers for the vote (None: truncated).
         # A question another process answered stays all False / 0 here; the sum below fills it in.
@@ -144,7 +179,7 @@ def evaluate(
             chunk = list(examples[start : start + batch_prompts])
             real = len(chunk)
             chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
-            prompt_ids = [tokenizer.encode(ex["prompt"]) for ex in chunk[local]]
+            prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
             key = jax.random.fold_in(jax.random.fold_in(rng, mode_i), start)
             sample = sampler(params, prompt_ids, num_samples=n, sampling=sampling, rng=key)
             tokens = sharding.process_rows(sample.tokens_BxC)
@@ -155,8 +190,21 @@ def evaluate(
                     row = (q - local.start) * n + j
                     text = tokenizer.decode(tokens[row, : lengths[row]])
                     ok = (not truncated[row]) and bool(task.eval_correct(text, chunk[q]))
+                    answer = None if truncated[row] else task.extract_answer(text)
                     correct[start + q, j] = ok
-                    answers[start + q].append(None if truncated[row] else task.extract_answer(text))
+                    answers[start + q].append(answer)
+                    if samples is not None:
+                        record = records.setdefault(start + q, {"index": start + q, "example": chunk[q],
+                                                                 "sampled": []})
+                        one = {"completion": text, "answer": answer, "correct": ok,
+                               "truncated": bool(truncated[row]), "length": int(lengths[row])}
+                        if mode == "greedy":
+                            record["greedy"] = one
+                        else:
+                            record["sampled"].append(one)
+            done_batches += 1
+            if on_batch is not None:
+                on_batch(done_batches, total_batches)
         majs = {}
         for k in ks:
             if k > 1 and mode != "greedy":
@@ -183,4 +231,6 @@ def evaluate(
                     np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts])
                 )
                 results[f"eval/maj@{k}"] = float(np.mean(majs[k]))
+    if samples is not None:
+        samples.extend(records[q] for q in sorted(records))
     return results

@@ -6,6 +6,7 @@ functions. `build(config)` returns a `RunContext`; nothing in it changes while t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -15,12 +16,15 @@ import jax.numpy as jnp
 from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import optim
+from grpo_jax import rollout as rollout_lib
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
 from grpo_jax.tasks import make_task
 from grpo_jax.tokenizer import load_tokenizer
+
+log = logging.getLogger("grpo_jax")
 
 # Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would double
 # the update's sequence length; a few buckets keep recompiles to the first steps.
@@ -88,14 +92,15 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
 
         from grpo_jax import hf  # only needed for real checkpoints
 
-        model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
+        try:
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
+        except FileNotFoundError as e:
+            raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
+        check_vocab(model.config.vocab_size, tokenizer, f"model.hf_path={m.hf_path!r}'s config.json", m)
         graphdef, params = nnx.split(model)
         return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
-    if vocab < tokenizer.vocab_size:
-        raise config_lib.ConfigError(
-            f"model.vocab_size={vocab} is smaller than the tokenizer's {tokenizer.vocab_size} ids ({m.tokenizer})"
-        )
+    check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
     model_config = model_lib.ModelConfig(
         vocab_size=vocab,
         hidden_size=m.hidden_size,
@@ -116,12 +121,36 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
     return model_config, graphdef, params
 
 
+def check_vocab(model_vocab: int, tokenizer, where: str, m: config_lib.ModelSection) -> None:
+    """At start-up, not at the first evaluation inside the sampler: every id the tokenizer can
+    produce (its vocabulary, its stop and pad ids) must be a row of the model's embedding."""
+    ids = [tokenizer.vocab_size - 1, tokenizer.pad_id, *(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))]
+    if max(ids) >= model_vocab:
+        raise config_lib.ConfigError(
+            f"the tokenizer ({m.tokenizer_spec()}) has ids up to {max(ids)} but the model has {model_vocab} "
+            f"({where}); use the checkpoint's own tokenizer or a model.vocab_size >= {max(ids) + 1}"
+        )
+
+
 def auto_sampler_threads() -> int:
     """2 on a one-device CPU backend with >= 2 cores, else 1: XLA runs one decode loop on one core,
     and two half batches decoded from two threads run side by side (benchmarks/NOTES.md).
     Accelerators and multi-device meshes keep one stream."""
     one_cpu_device = jax.default_backend() == "cpu" and jax.device_count() == 1
     return 2 if one_cpu_device and (os.cpu_count() or 1) >= 2 else 1
+
+
+def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, mesh) -> Sampler:
+    """The trainer's (and `eval`'s) sampler: every stop id of the tokenizer, rows over the mesh."""
+    return Sampler(
+        graphdef,
+        model_config,
+        eos_id=tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)),
+        pad_id=tokenizer.pad_id,
+        prompt_buckets=PROMPT_BUCKETS,
+        mesh=mesh,
+        threads=config.sampling.threads or auto_sampler_threads(),
+    )
 
 
 def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
@@ -149,30 +178,55 @@ def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
         raise config_lib.ConfigError("sft.steps > 0 (SFT warm-up) is not supported on several processes yet")
 
 
+def configured_tokenizer(config: config_lib.Config):
+    """`model.tokenizer`, or the checkpoint's own (`model.hf_path`) when it is not set; a bad spec
+    or a missing path is a ConfigError naming the field."""
+    spec = config.model.tokenizer_spec()
+    try:
+        return load_tokenizer(spec)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        field = "model.tokenizer" if config.model.tokenizer else "model.hf_path (its tokenizer)"
+        raise config_lib.ConfigError(f"{field}={spec!r}: {e}") from None
+
+
+def configured_task(config: config_lib.Config):
+    """The configured task; unknown names or options, and unreadable data, are ConfigErrors."""
+    try:
+        return make_task(config.task.name, **config.task.options)
+    except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+        raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
+
+
+def configured_mesh(config: config_lib.Config):
+    """The (data, fsdp, tensor) mesh over every device; a size that does not fit is a ConfigError."""
+    m = config.mesh
+    try:
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"{e} ({jax.device_count()} {jax.default_backend()} devices)") from None
+    log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
+             jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
+             mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
+    return mesh
+
+
 def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
     """(every fixed part of a run, its freshly initialised state) from `config`; `task` and
     `tokenizer` replace the configured ones."""
     t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
-    tokenizer = tokenizer or load_tokenizer(config.model.tokenizer)
-    task = task or make_task(config.task.name, **config.task.options)
+    tokenizer = tokenizer or configured_tokenizer(config)
+    task = task or configured_task(config)
     # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
     # skipped (or refused, naming file and line) before it can stop the run at the same step on
     # every resume. Counted as the rollout encodes prompts.
     check_lengths = getattr(task, "check_prompt_lengths", None)
     if check_lengths is not None:
-        check_lengths(lambda text: len(tokenizer.encode(text)), max(PROMPT_BUCKETS), config.task.overlong_prompts)
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+        check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
+                      config.task.overlong_prompts)
+    mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
-    sampler = Sampler(
-        graphdef,
-        model_config,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        prompt_buckets=PROMPT_BUCKETS,
-        mesh=mesh,
-        threads=s_cfg.threads or auto_sampler_threads(),
-    )
+    sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)

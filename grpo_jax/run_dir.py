@@ -46,6 +46,8 @@ OPERATIONAL_FIELDS = (
     "train.reward_timeout_s",
     "train.max_nonfinite_steps",
     "train.progress",
+    "train.report_to",
+    "train.wandb_project",
 )
 
 

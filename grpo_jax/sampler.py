@@ -30,7 +30,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -214,15 +214,27 @@ def _sample(logits_BxV, keys_B, step, sampling: SamplingConfig):
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
 
 
+def is_stop(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    """True where a token is any of the stop ids (a chat model may have several: Qwen2.5-Instruct
+    stops on <|im_end|> and <|endoftext|>). `eos_ids` is static: a few unrolled compares."""
+    hit = tokens == eos_ids[0]
+    for eos in eos_ids[1:]:
+        hit = hit | (tokens == eos)
+    return hit
+
+
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
-           eos_id: int, pad_id: int, segment: int | None = None, first_row=0) -> DecodeState:
+           eos_id: int | tuple[int, ...], pad_id: int, segment: int | None = None, first_row=0) -> DecodeState:
     """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done.
+
+    A row is done once it samples any of the stop ids `eos_id` (one id or a tuple of them).
 
     With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
     so attention covers only the slots the segment can have filled; the samples are the same.
     Row b of this batch is global row first_row + b: its noise comes from `row_keys`.
     """
     c = sampling.max_new_tokens
+    eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
     ends = decode_segments(c, segment or c)
     b = state.done_B.shape[0]
     keys_B = row_keys(rng, jnp.asarray(first_row, jnp.int32) + jnp.arange(b, dtype=jnp.int32))
@@ -232,7 +244,7 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
         token_B = jnp.where(st.done_B, pad_id, token_B)
         logp_B = jnp.where(st.done_B, 0.0, logp_B)
         start = (jnp.zeros((), jnp.int32), st.step)
-        done_B = st.done_B if sampling.ignore_eos else st.done_B | (token_B == eos_id)
+        done_B = st.done_B if sampling.ignore_eos else st.done_B | is_stop(token_B, eos_ids)
         return st._replace(
             tokens_BxC=jax.lax.dynamic_update_slice(st.tokens_BxC, token_B[:, None], start),
             logprobs_BxC=jax.lax.dynamic_update_slice(st.logprobs_BxC, logp_B[:, None], start),
@@ -325,17 +337,22 @@ def _check_prompts(prompts, num_samples, vocab_size: int) -> None:
 class Sampler:
     """Samples G completions per prompt. Holds only static fields and its compiled functions."""
 
-    def __init__(self, graphdef, config: ModelConfig, *, eos_id: int, pad_id: int,
+    def __init__(self, graphdef, config: ModelConfig, *, eos_id: int | Sequence[int], pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
                  decode_segment: int = 64, mesh=None, threads: int = 1):
-        for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        # Every stop id (`tokenizer.eos_ids`); a row's completion ends at the first of any of them.
+        eos_ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
+        if not eos_ids:
+            raise ValueError("Sampler eos_id: give at least one stop id")
+        for name, value in [*((f"eos_id {e}", e) for e in eos_ids), ("pad_id", pad_id)]:
             if not 0 <= value < config.vocab_size:
                 raise ValueError(f"Sampler {name} must be in [0, vocab_size={config.vocab_size}), got {value}")
         if not prompt_buckets or any(b <= 0 for b in prompt_buckets):
             raise ValueError(f"Sampler prompt_buckets must be positive lengths, got {prompt_buckets!r}")
         self.graphdef = graphdef
         self.config = config
-        self.eos_id = eos_id
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.eos_id = self.eos_ids[0]
         self.pad_id = pad_id
         self.prompt_buckets = tuple(sorted(prompt_buckets))
         if decode_segment <= 0:
@@ -390,7 +407,7 @@ class Sampler:
                 if rng_impl is not None:  # a typed key, passed as its bits (host data, replicated)
                     rng = jax.random.wrap_key_data(rng, impl=rng_impl)
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
-                            eos_id=self.eos_id, pad_id=self.pad_id, segment=self.decode_segment,
+                            eos_id=self.eos_ids, pad_id=self.pad_id, segment=self.decode_segment,
                             first_row=first_row)
                 mask_BxP = state.key_mask_BxS[:, :prompt_len]
                 c = sampling.max_new_tokens
@@ -398,10 +415,10 @@ class Sampler:
                 if sampling.ignore_eos:
                     mask_BxC = jnp.ones_like(st.tokens_BxC)
                 else:
-                    is_eos = st.tokens_BxC == self.eos_id
+                    is_eos = is_stop(st.tokens_BxC, self.eos_ids).astype(jnp.int32)
                     eos_before = jnp.cumsum(is_eos, axis=1) - is_eos
                     mask_BxC = ((eos_before == 0) & (jnp.arange(c) < st.step)).astype(jnp.int32)
-                truncated_B = ~jnp.any((st.tokens_BxC == self.eos_id) & (mask_BxC > 0), axis=1)
+                truncated_B = ~jnp.any(is_stop(st.tokens_BxC, self.eos_ids) & (mask_BxC > 0), axis=1)
                 # The final state goes back out so every donated buffer (the KV cache above all)
                 # aliases an output: XLA then reuses the prefill's cache memory in place.
                 return st, (mask_BxP, st.tokens_BxC, mask_BxC, truncated_B, st.logprobs_BxC * mask_BxC)

@@ -18,6 +18,7 @@ import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import rollout
 from grpo_jax import sharding
 from grpo_jax.sampler import Sampler, SamplingConfig
 
@@ -32,7 +33,7 @@ def sft_batch(tokenizer, examples, *, max_answer_tokens: int) -> tuple[np.ndarra
 
     Returns tokens [B, P + C], attention [B, P + C] and the answer mask [B, C] (C = max_answer_tokens).
     """
-    prompts = [tokenizer.encode(ex["prompt"]) for ex in examples]
+    prompts = [rollout.encode_prompt(tokenizer, ex["prompt"]) for ex in examples]
     answers = [tokenizer.encode(ex["answer"]) + [tokenizer.eos_id] for ex in examples]
     too_long = [ex["answer"] for ex, a in zip(examples, answers) if len(a) > max_answer_tokens]
     if too_long:
@@ -81,7 +82,7 @@ def greedy_accuracy(sampler: Sampler, params, tokenizer, task, examples, *, max_
     padded = list(examples) + [examples[-1]] * (-len(examples) % multiple)
     out = sampler(
         params,
-        [tokenizer.encode(ex["prompt"]) for ex in padded],
+        [rollout.encode_prompt(tokenizer, ex["prompt"]) for ex in padded],
         num_samples=1,
         sampling=SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
         rng=jax.random.PRNGKey(0),

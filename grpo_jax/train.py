@@ -301,6 +301,9 @@ def run(
         total_steps=config.train.steps,
         console=config.train.progress,
         key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
+        report_to=config.train.report_to,
+        wandb_project=config.train.wandb_project,
+        run_config=config_lib.to_dict(config),
     )
     loop = _Loop(ctx, ckpt, writer)
     state = None
@@ -464,7 +467,11 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
 
     weights = ctx.processes.all_rows(state.params)
     if ctx.processes.is_primary:
-        hf.save_model(nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights)), os.path.join(ctx.run_dir, "hf"))
+        # From a checkpoint: its config, generation config and tokenizer files travel with the
+        # weights (a round trip); from scratch: the ids our tokenizer gives.
+        source = ctx.config.model.hf_path
+        hf.save_model(nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights)), os.path.join(ctx.run_dir, "hf"),
+                      source_dir=source, tokenizer=None if source else ctx.tokenizer)
 
 
 def ckpt_dir_of(run_dir: str) -> str:

@@ -241,7 +241,7 @@ def test_other_unraisable_exceptions_still_reach_the_previous_hook(monkeypatch):
     from grpo_jax import checkpoint
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
-    checkpoint._silence_abandoned_reads(Path("/nowhere"))
+    checkpoint.silence_abandoned_reads(Path("/nowhere"))
     hook = sys.unraisablehook
 
     def unraisable(exc):

@@ -99,3 +99,35 @@ def test_overrides_apply_in_any_order_then_validate_once():
     assert a == b and a.eval.ks == (1, 2)
     with pytest.raises(ConfigError, match="eval.ks contains 8"):
         apply_overrides(Config(), ["eval.num_samples=2"])  # the default ks (1, 8) no longer fits
+
+
+def test_train_help_lists_every_field_with_its_default():
+    # Before: fields were found by typing a bad key.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120).stdout
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.default_factory().__class__):
+            assert f"{section.name}.{f.name} = " in out, f.name
+    assert "grpo.aggregation = 'sequence'  (one of 'sequence', 'token', 'constant')" in out
+
+
+@pytest.mark.parametrize("override, words", [
+    ("task.options.bogus=1", ["config error:", "task 'arithmetic'", "bogus"]),
+    ("model.tokenizer=/no/such/tokenizer.json", ["config error:", "model.tokenizer=", "not found"]),
+    ("mesh.data=3", ["config error:", "mesh", "1 cpu devices"]),
+])
+def test_task_tokenizer_and_mesh_errors_are_config_errors_with_status_2(tmp_path, override, words):
+    # Before: tracebacks with exit status 1.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py",
+                           "--set", f"train.run_dir={tmp_path}", "--set", override], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in proc.stderr, (w, proc.stderr[-1000:])

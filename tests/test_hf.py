@@ -5,7 +5,9 @@ transformers) run without torch. Tests marked `parity` build fresh models with t
 skip when torch/transformers are not installed (`pip install -e '.[parity]'`).
 """
 
+import dataclasses
 import json
+import os
 import pathlib
 import shutil
 
@@ -17,8 +19,10 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from grpo_jax import hf
+from grpo_jax import tokenizer as tk
 from grpo_jax.model import ModelConfig, RopeScaling
 from full_forward import full_forward
+from hf_fixtures import make_tiny_instruct_checkpoint
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 ARCHS = ["llama", "qwen2", "qwen3"]
@@ -243,10 +247,9 @@ def test_save_then_load_is_exact(name, tmp_path):
     again = hf.load_model(out)
     assert again.config == model.config
     jax.tree.map(np.testing.assert_array_equal, _params(again), _params(model))
-    cfg = hf.read_config(out)
-    # Kept from the source config; the rope spelling is the one every reader understands.
-    assert (cfg["eos_token_id"], cfg["max_position_embeddings"]) == (2 if name == "llama" else None, 128)
-    assert "rope_parameters" not in cfg and cfg["architectures"] == [hf.architecture_of(hf.read_config(src))]
+    # The model is the source's, in the source's dtype: config.json is the source's, key by key
+    # (its transformers-5 spelling too: rope_parameters, dtype, layer_types).
+    assert hf.read_config(out) == hf.read_config(src)
 
 
 def test_bfloat16_load_and_save_round_trip(tmp_path):
@@ -272,6 +275,101 @@ def test_save_refuses_a_config_no_hf_architecture_has(tmp_path):
                          num_heads=2, num_kv_heads=1, head_dim=4, qkv_bias=True, qk_norm=True)
     with pytest.raises(ValueError, match="both qkv_bias and qk_norm"):
         hf.save_model(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), tmp_path)
+
+
+def _json(path):
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def _new_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@pytest.fixture(scope="module")
+def tiny_instruct(tmp_path_factory):
+    return make_tiny_instruct_checkpoint(tmp_path_factory.mktemp("src") / "tiny")
+
+
+def test_export_with_source_dir_round_trips_config_generation_and_tokenizer(tiny_instruct, tmp_path):
+    src = tiny_instruct
+    model = hf.load_model(src, dtype="bfloat16")  # the dtype Qwen ships, and this checkpoint has
+    out = hf.save_model(model, tmp_path / "out", source_dir=src)
+    # config.json, key by key: nothing the weights changed, so everything is the source's
+    # (before: max_position_embeddings 256 -> 4096, bos/eos/pad_token_id dropped).
+    source_cfg, cfg = _json(src / "config.json"), _json(out / "config.json")
+    assert sorted(cfg) == sorted(source_cfg)
+    for key in source_cfg:
+        assert cfg[key] == source_cfg[key], key
+    # generation_config.json (two stop ids) and every tokenizer file, byte for byte.
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    assert _json(out / "generation_config.json")["eos_token_id"] == list(tk.load_tokenizer(str(src)).eos_ids)
+    # The export chats like the source and loads to the same weights.
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    a, b = tk.load_tokenizer(str(src)), tk.load_tokenizer(str(out))
+    assert (b.apply_chat_template(chat), b.eos_ids, b.pad_id) == (a.apply_chat_template(chat), a.eos_ids, a.pad_id)
+    jax.tree.map(np.testing.assert_array_equal, _params(hf.load_model(out, dtype="bfloat16")), _params(model))
+    # A float32 export rewrites exactly the one key the weights changed.
+    out32 = hf.save_model(hf.load_model(src), tmp_path / "out32", source_dir=src)
+    changed = {k for k in source_cfg if _json(out32 / "config.json")[k] != source_cfg[k]}
+    assert changed == {"torch_dtype"} and _json(out32 / "config.json")["torch_dtype"] == "float32"
+
+
+def test_export_files_get_a_new_files_mode_not_0600(tiny_instruct, tmp_path):
+    # safetensors >= 0.8 writes a 0600 temp file and renames it into place; the export chmods it
+    # to what the umask gives a new file, as every other file here gets.
+    src = tmp_path / "src"
+    shutil.copytree(tiny_instruct, src)
+    for file in src.iterdir():
+        file.chmod(0o444)  # a read-only model store must not make the export read-only
+    model = hf.load_model(src, dtype="bfloat16")
+    previous = os.umask(0o002)
+    try:
+        out = hf.save_model(model, tmp_path / "out", source_dir=src)
+        hf.save_model(model, out, source_dir=src)  # and again over itself
+        modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}
+    finally:
+        os.umask(previous)
+    assert modes == dict.fromkeys(modes, 0o664) and "model.safetensors" in modes
+    out = hf.save_model(model, tmp_path / "default_umask")
+    assert {f.stat().st_mode & 0o777 for f in out.iterdir()} == {_new_file_mode()}
+
+
+def test_export_without_source_writes_ids_from_the_tokenizer(tiny_instruct, tmp_path):
+    model = hf.load_model(tiny_instruct)
+    tok = tk.load_tokenizer(str(tiny_instruct))
+    out = hf.save_model(model, tmp_path / "with_tok", tokenizer=tok)
+    cfg = _json(out / "config.json")
+    assert (cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (None, tok.eos_id, tok.pad_id)
+    assert _json(out / "generation_config.json") == {"eos_token_id": list(tok.eos_ids), "pad_token_id": tok.pad_id}
+    # Nothing known: ids are null (as transformers writes unknown ids), no generation_config.json,
+    # and max_position_embeddings, which the model does not know, is 4096.
+    bare = hf.save_model(model, tmp_path / "bare")
+    cfg = _json(bare / "config.json")
+    assert (cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"], cfg["max_position_embeddings"]) == \
+        (None, None, None, 4096)
+    assert sorted(os.listdir(bare)) == ["config.json", "model.safetensors"]
+    with pytest.raises(FileNotFoundError, match="checkpoint directory not found: .*nowhere"):
+        hf.save_model(model, tmp_path / "x", source_dir=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is its source_dir"):
+        hf.save_model(model, tiny_instruct, source_dir=tiny_instruct)
+
+
+def test_hf_config_from_rewrites_only_the_groups_the_model_changed():
+    base = hf.read_config(FIXTURES / "hf_qwen3")  # transformers 5 spelling: rope_parameters, dtype
+    config = hf.config_from_hf(base)
+    assert hf.hf_config_from(config, base) == base
+    # A resized embedding: vocab_size changes, nothing else.
+    wider = hf.hf_config_from(dataclasses.replace(config, vocab_size=128), base)
+    assert {k for k in base if wider[k] != base[k]} == {"vocab_size"} and wider["vocab_size"] == 128
+    # A new RoPE base: written in the spelling every reader knows, the stale 5.x spelling removed.
+    rope = hf.hf_config_from(dataclasses.replace(config, rope_theta=5e5), base)
+    assert "rope_parameters" not in rope and (rope["rope_theta"], rope["rope_scaling"]) == (5e5, None)
+    assert {k for k in base if k != "rope_parameters" and rope[k] != base[k]} == set()
+    # bfloat16 weights: the key the source used for the dtype says so.
+    assert hf.hf_config_from(dataclasses.replace(config, param_dtype="bfloat16"), base)["dtype"] == "bfloat16"
 
 
 # ---------------------------------------------------------------- parity with live transformers
@@ -305,3 +403,28 @@ def test_parity_fresh_transformers_model_and_export_back(name, tmp_path):
     again = mk.hf_logits(reloaded, tokens, mask)
     np.testing.assert_allclose(again[mask.astype(bool)], expected["logits_BxTxV"][mask.astype(bool)],
                                atol=1e-5)
+
+
+@pytest.mark.parity
+def test_parity_transformers_loads_the_export_with_the_sources_config(tiny_instruct, tmp_path):
+    torch, mk = _transformers()
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    src = tiny_instruct
+    ours = hf.load_model(src, dtype="bfloat16")
+    out = hf.save_model(ours, tmp_path / "out", source_dir=src)
+    # transformers reads both configs to the same values, key by key (but the path each came from).
+    a, b = AutoConfig.from_pretrained(src).to_dict(), AutoConfig.from_pretrained(out).to_dict()
+    assert sorted(a) == sorted(b) and a.pop("_name_or_path") != b.pop("_name_or_path")
+    for key in a:
+        assert a[key] == b[key], key
+    assert GenerationConfig.from_pretrained(out).eos_token_id == GenerationConfig.from_pretrained(src).eos_token_id
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    ids = AutoTokenizer.from_pretrained(out).apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+    assert list(ids) == tk.load_tokenizer(str(out)).apply_chat_template(chat)
+    # And the weights: transformers' logits on the export equal ours (float32 compute on bf16 weights).
+    model32 = hf.load_model(out, dtype="float32")
+    hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens, mask = mk.fixed_tokens(seed=3)
+    expected = {"tokens_BxT": tokens, "mask_BxT": mask, "logits_BxTxV": mk.hf_logits(hf_model, tokens, mask)}
+    assert _masked_max_diff(model32, expected) < 1e-4

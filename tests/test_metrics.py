@@ -2,8 +2,6 @@
 
 import json
 import math
-import sys
-import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +11,7 @@ from grpo_jax.metrics import MetricsWriter, metric_series, read_metrics
 
 
 def test_jsonl_round_trip_with_numpy_jax_and_nan(tmp_path):
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         w.write(1, {"reward": 0.25, "kl": np.float32(0.5), "entropy": jnp.asarray(1.5), "grad_norm": float("nan")})
         w.write(2, {"reward": 0.75, "eval/pass@8": 0.786})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -26,11 +24,11 @@ def test_jsonl_round_trip_with_numpy_jax_and_nan(tmp_path):
 
 
 def test_resumed_run_appends_and_series_keeps_last_write_per_step(tmp_path):
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         for step in (1, 2, 3):
             w.write(step, {"reward": 0.1 * step})
     # Crash after step 3, resume from a checkpoint at step 2: step 3 is written again.
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         w.write(3, {"reward": 0.9})
         w.write(4, {"reward": 1.0})
     steps, values = metric_series(read_metrics(tmp_path), "reward")
@@ -52,7 +50,7 @@ def test_resume_after_a_crash_mid_write_starts_a_new_line_and_reads_back(tmp_pat
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')  # killed while writing step 2
     with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
-        with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+        with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
             w.write(2, {"reward": 0.6})  # resumed from the step-1 checkpoint
             w.write(3, {"reward": 0.7})
     assert "ends in a line cut off mid-write" in caplog.text
@@ -65,12 +63,12 @@ def test_resume_after_a_crash_mid_write_starts_a_new_line_and_reads_back(tmp_pat
     assert [(r["step"], r["reward"]) for r in records] == [(1, 0.5), (2, 0.6), (3, 0.7)]
     assert "metrics.jsonl:2: skipping a line cut off mid-write" in caplog.text
     # A file that ends cleanly gets no extra newline.
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         w.write(4, {"reward": 0.8})
     assert path.read_text().endswith('0.7}\n{"step": 4, "reward": 0.8}\n')
     # samples.jsonl is appended the same way.
     (tmp_path / "samples.jsonl").write_text('{"step": 1, "compl')
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         w.write_samples(2, [{"completion": "x", "reward": 1.0}])
     assert (tmp_path / "samples.jsonl").read_text().splitlines()[0] == '{"step": 1, "compl'
 
@@ -109,7 +107,7 @@ def test_missing_run_dir_or_file_is_a_clear_error(tmp_path):
 
 
 def test_bad_metric_values_name_the_metric(tmp_path):
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         with pytest.raises(TypeError, match="'reward'"):
             w.write(1, {"reward": np.ones(3)})
         with pytest.raises(ValueError, match=r"metrics\['step'\] = 3 differs from the step argument 1"):
@@ -121,7 +119,7 @@ def test_bad_metric_values_name_the_metric(tmp_path):
 def test_progress_line_shows_key_figures_bar_and_eta(tmp_path, monkeypatch, capsys):
     clock = iter([100.0, 104.0])  # 2 steps in 4 s -> 2 s/step; 96 steps left -> 192 s
     monkeypatch.setattr("grpo_jax.metrics.time.monotonic", lambda: next(clock))
-    with MetricsWriter(tmp_path, total_steps=100, tensorboard=False) as w:
+    with MetricsWriter(tmp_path, total_steps=100, report_to=()) as w:
         w.write(2, {"reward": 0.5, "kl": 0.0031, "entropy": 0.9, "completions/mean_length": 181.0, "lr": 1e-6})
         w.write(4, {"reward": 0.6, "kl": 0.004, "entropy": 0.8, "completions/mean_length": 190.0})
     first, second = capsys.readouterr().out.strip().splitlines()
@@ -138,7 +136,7 @@ def test_samples_print_random_and_top_reward_and_keep_all(tmp_path, capsys):
     ]
     samples[13]["reward"] = 1.5  # the one a hack would show up as
     samples[13]["completion"] = "\\boxed{7} \\boxed{8}"
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=()) as w:
         w.write_samples(5, samples, n_random=5, n_top=1)
     out = capsys.readouterr().out
     assert "samples at step 5: 20 completions" in out
@@ -153,35 +151,53 @@ def test_samples_print_random_and_top_reward_and_keep_all(tmp_path, capsys):
 
 def test_long_completion_is_cut_in_the_middle(tmp_path, capsys):
     text = "A" * 1000 + "B" * 1000
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=()) as w:
         w.write_samples(1, [{"completion": text, "reward": 1.0}], max_chars=100)
     out = capsys.readouterr().out
     assert "A" * 50 + "\n  [... 1900 chars cut ...]\n" + "B" * 50 in out
 
 
 def test_samples_missing_fields_is_a_clear_error(tmp_path):
-    with MetricsWriter(tmp_path, total_steps=10, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
         with pytest.raises(ValueError, match=r"samples\[1\].*'completion' and 'reward'"):
             w.write_samples(1, [{"completion": "a", "reward": 1}, {"text": "b"}])
 
 
-def test_tensorboard_scalars_when_tensorboardx_is_installed(tmp_path, monkeypatch):
-    calls = []
+def _event_scalars(log_dir):
+    """(tag, value, step) of every scalar in a TensorBoard event file (TFRecord of Event protos)."""
+    import struct
 
-    class FakeWriter:
-        def __init__(self, logdir):
-            calls.append(("open", logdir))
+    from tensorboardX.proto import event_pb2
 
-        def add_scalar(self, tag, value, step):
-            calls.append((tag, value, step))
+    out = []
+    for path in sorted(log_dir.iterdir()):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
+            i += 12 + n + 4
+            out += [(v.tag, v.simple_value, event.step) for v in event.summary.value]
+    return out
 
-        def flush(self):
-            pass
 
-        def close(self):
-            calls.append(("close",))
+def test_tensorboard_tags_are_the_metric_names(tmp_path, caplog):
+    # Before: tensorboardX renamed eval/pass@1 to eval/pass_1 (with an "illegal name" line per
+    # evaluation), so TensorBoard and the README disagreed. One name everywhere now.
+    pytest.importorskip("tensorboardX")
+    with caplog.at_level("INFO"):
+        with MetricsWriter(tmp_path, total_steps=10, console=False, report_to=("tensorboard",)) as w:
+            w.write(3, {"eval/pass@1": 0.25, "reward": 0.5})
+    scalars = _event_scalars(tmp_path / "tensorboard")
+    assert ("eval/pass@1", 0.25, 3) in scalars and ("reward", 0.5, 3) in scalars
+    assert "illegal" not in caplog.text.lower()
 
-    monkeypatch.setitem(sys.modules, "tensorboardX", types.SimpleNamespace(SummaryWriter=FakeWriter))
-    with MetricsWriter(tmp_path, total_steps=10, console=False) as w:
-        w.write(3, {"reward": 0.5, "kl": 0.25})
-    assert calls == [("open", str(tmp_path / "tensorboard")), ("reward", 0.5, 3), ("kl", 0.25, 3), ("close",)]
+
+def test_wandb_offline_gets_the_same_names(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with MetricsWriter(tmp_path, total_steps=10, console=False, report_to=("wandb",)) as w:
+        w.write(1, {"eval/pass@1": 0.25, "reward": 0.5})
+    assert wandb.run is None  # finished on close
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")  # the run, written without a network
+    assert b"eval/pass@1" in log.read_bytes()  # the key as metrics.jsonl spells it

@@ -57,7 +57,7 @@ def test_a_run_resumed_after_a_crash_mid_write_still_plots(tmp_path):
     _write_run(tmp_path, n_steps=20)
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 21, "reward": 0.4, "k')
-    with MetricsWriter(tmp_path, total_steps=40, tensorboard=False, console=False) as w:
+    with MetricsWriter(tmp_path, total_steps=40, report_to=(), console=False) as w:
         for step in range(21, 41):
             w.write(step, {"reward": 0.2 + 0.01 * step, "kl": 0.001 * step})
     out = subprocess.run([sys.executable, "-m", "grpo_jax.plot", str(tmp_path)],

@@ -70,3 +70,32 @@ def test_padding_the_last_batch_does_not_count_twice():
                            rng=jax.random.PRNGKey(0), batch_prompts=2)
     # The second batch holds question 3 plus a repeat of it as padding; only question 3 counts.
     assert np.isclose(res["eval/pass@1"], 2 / 3)
+
+
+class ChatTokenizer(CharTokenizer):
+    """A stand-in chat template: a conversation is its last user turn's characters."""
+
+    def apply_chat_template(self, messages, *, add_generation_prompt, tokenize):
+        assert add_generation_prompt and tokenize
+        return self.encode(messages[-1]["content"])
+
+
+def test_progress_per_batch_samples_per_question_and_message_prompts():
+    examples = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},  # messages, as TRL's
+                {"prompt": "2+2=", "answer": "4"}, {"prompt": "3+3=", "answer": "6"}]
+    answers = {"1+1=": ["2", "3"], "2+2=": ["4", "4"], "3+3=": ["1", "6"]}
+    calls, samples = [], []
+    res = rollout.evaluate(FixedSampler(answers), None, ChatTokenizer("0123456789+="), EqualsTask(), examples,
+                           num_samples=2, ks=(1, 2), temperature=1.0, max_new_tokens=3, greedy=True,
+                           rng=jax.random.PRNGKey(0), batch_prompts=2,
+                           on_batch=lambda done, total: calls.append((done, total)), samples=samples)
+    # Two batches of questions (2 + 1 padded to 2), sampled then greedy: four calls, in order.
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert np.isclose(res["eval/pass@1"], (1 / 2 + 1 + 1 / 2) / 3)
+    # One record per real question (the padding repeat is not one), in question order.
+    assert [s["index"] for s in samples] == [0, 1, 2] and [s["example"] for s in samples] == examples
+    assert [[x["completion"] for x in s["sampled"]] for s in samples] == [["2", "3"], ["4", "4"], ["1", "6"]]
+    assert [[x["correct"] for x in s["sampled"]] for s in samples] == [[True, False], [True, True], [False, True]]
+    assert samples[0]["sampled"][0] == {"completion": "2", "answer": "2", "correct": True, "truncated": False,
+                                        "length": 2}  # "2" and EOS
+    assert [s["greedy"]["completion"] for s in samples] == ["2", "4", "1"]

@@ -48,3 +48,21 @@ def test_an_over_long_data_file_prompt_is_found_at_start_up(tmp_path):
     strict = dataclasses.replace(base, task=dataclasses.replace(base.task, overlong_prompts="error"))
     with pytest.raises(ValueError, match=f"{path}:5: prompt of [0-9]+ tokens is longer than the limit of 16384"):
         run_context.build(strict)
+
+
+def test_the_tokenizer_defaults_to_the_checkpoint_and_must_fit_the_model(tmp_path):
+    # Before: changing only model.hf_path kept the config's old tokenizer path ("unknown tokenizer
+    # spec '/models/...'", a traceback), and a tokenizer larger than the model failed only at the
+    # first evaluation, inside the sampler.
+    small = model_lib.ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=16, num_layers=1,
+                                  num_heads=2, num_kv_heads=1, head_dim=4)
+    hf.save_model(model_lib.init_model(small, 0), tmp_path / "ckpt")
+    config = Config(model=ModelSection(hf_path=str(tmp_path / "ckpt")))
+    assert config.model.tokenizer_spec() == str(tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match=r"model.hf_path \(its tokenizer\)=.*tokenizer"):
+        run_context.configured_tokenizer(config)
+    too_big = dataclasses.replace(config, model=dataclasses.replace(config.model, tokenizer="char:0123456789+="))
+    with pytest.raises(ConfigError, match=r"ids up to 13 but the model has 8"):
+        run_context.build_model(too_big, run_context.configured_tokenizer(too_big), sharding.make_mesh())
+    with pytest.raises(ConfigError, match="task 'nope'"):
+        run_context.configured_task(Config(task=TaskSection(name="nope")))

@@ -175,6 +175,28 @@ def test_eos_ends_a_row_and_masks_the_rest(model, sampler):
     assert bool(out.truncated_B[1]) == (not row1_has_eos)
 
 
+def test_any_of_several_stop_ids_ends_a_row(model, sampler):
+    # Qwen2.5-Instruct stops on <|im_end|> or <|endoftext|>: with one stop id a model that emits
+    # the other kept generating. Row 0's greedy tokens: stop on its 2nd token (id a) or its 4th
+    # (id b); with both ids given it ends at whichever comes first, in every row.
+    graphdef, params = model
+    greedy = S.SamplingConfig(max_new_tokens=6, greedy=True, ignore_eos=True)
+    free = np.asarray(sampler(params, PROMPTS, num_samples=1, sampling=greedy, rng=jax.random.key(0)).tokens_BxC)
+    a, b = int(free[0, 1]), int(free[0, 3])
+    stops = tuple(sorted({a, b} - {PAD}))
+    both = S.Sampler(graphdef, CONFIG, eos_id=stops, pad_id=PAD)
+    out = both(params, PROMPTS, num_samples=1, sampling=S.SamplingConfig(max_new_tokens=6, greedy=True),
+               rng=jax.random.key(0))
+    mask, truncated = np.asarray(out.mask_BxC), np.asarray(out.truncated_B)
+    for row in range(len(PROMPTS)):
+        hits = [t for t in range(6) if free[row, t] in stops]
+        length = hits[0] + 1 if hits else 6
+        assert mask[row].sum() == length, row
+        assert bool(truncated[row]) == (not hits), row
+    with pytest.raises(ValueError, match="eos_id 999"):
+        S.Sampler(graphdef, CONFIG, eos_id=(1, 999), pad_id=PAD)
+
+
 def test_same_key_same_samples_other_key_differs(model, sampler):
     graphdef, params = model
     sampling = S.SamplingConfig(max_new_tokens=7, temperature=0.7, top_k=10, top_p=0.95)
@@ -209,7 +231,7 @@ def test_bad_inputs_name_the_field():
         S.SamplingConfig(max_new_tokens=4, top_p=1.5)
     with pytest.raises(ValueError, match="SamplingConfig.temperature must be > 0, got 0"):
         S.SamplingConfig(max_new_tokens=4, temperature=0)
-    with pytest.raises(ValueError, match=r"eos_id must be in \[0, vocab_size=29\), got 29"):
+    with pytest.raises(ValueError, match=r"eos_id 29 must be in \[0, vocab_size=29\), got 29"):
         S.Sampler(graphdef, CONFIG, eos_id=29, pad_id=0)
     sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD)
     with pytest.raises(ValueError, match=r"prompts\[1\] has token ids outside \[0, vocab_size=29\)"):

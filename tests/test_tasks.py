@@ -5,11 +5,19 @@ import warnings
 import pytest
 
 from grpo_jax.tasks import (
-    R1_SYSTEM, ArithmeticTask, RewardSpec, Task, apply_template, make_task, task_options,
+    R1_SYSTEM,
+    ArithmeticTask,
+    RewardSpec,
+    Task,
+    apply_template,
+    apply_template_to_messages,
+    located_answer,
+    make_task,
+    task_options,
 )
 from grpo_jax.tasks.arithmetic import evaluate, write_answer
 from grpo_jax.tasks.base import example_rng, unit_hash
-
+from grpo_jax.tasks.templates import hash_answer, messages_problem
 
 # --- make_task --------------------------------------------------------------------------------
 
@@ -75,6 +83,86 @@ def test_r1_template_asks_for_think_and_answer_tags_and_ends_at_assistant():
 def test_unknown_template_is_an_error():
     with pytest.raises(ValueError, match="template='chatml'"):
         apply_template("chatml", "q")
+
+
+def test_none_template_keeps_the_prompt_as_the_data_has_it():
+    assert apply_template("none", "  Already formatted: 7+45=") == "  Already formatted: 7+45="
+
+
+CHAT = [{"role": "user", "content": "What is 7+45?"}]
+
+
+def test_templates_on_messages_touch_only_the_last_user_turn_and_the_system_message():
+    plain = apply_template_to_messages("plain", CHAT)
+    assert plain == [{"role": "user", "content": "What is 7+45? Put the answer in \\boxed{}."}]
+    assert CHAT == [{"role": "user", "content": "What is 7+45?"}]  # the input is not changed
+    # r1: the R1 text becomes the system message, in front of the conversation's own system text
+    # (chat templates read only the first message as the system prompt).
+    r1 = apply_template_to_messages("r1", CHAT)
+    assert r1[0] == {"role": "system", "content": R1_SYSTEM} and r1[1] == plain[0]
+    own = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "What is 7+45?"}]
+    r1 = apply_template_to_messages("r1", own)
+    assert [m["role"] for m in r1] == ["system", "user", "assistant", "user"]
+    assert r1[0]["content"] == R1_SYSTEM + "\n\nBe brief." and r1[1]["content"] == "Hi"
+    assert r1[3]["content"] == "What is 7+45? Put the answer in \\boxed{}."
+    assert apply_template_to_messages("none", own) == own
+
+
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([], "non-empty list"),
+        ("What is 7+45?", "non-empty list"),
+        ([{"role": "user"}], "message 0 must be an object with \"role\" and \"content\""),
+        ([{"role": "tool", "content": "x"}], "message 0 has role 'tool'"),
+        ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content must be a string"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+         "last message must be the user's turn, got role 'assistant'"),
+        ([{"role": "user", "content": " "}], "last user message is empty"),
+    ],
+)
+def test_bad_messages_say_what_is_wrong(messages, problem):
+    assert problem in messages_problem(messages)
+    with pytest.raises(ValueError, match="."):
+        apply_template_to_messages("plain", messages)
+
+
+@pytest.mark.parametrize(
+    "text, expected, reason",
+    [
+        ("so 9 * 2 = 18.\n#### 18", "18", "GSM8K's own layout"),
+        ("#### 1,000", "1000", "thousands separators dropped"),
+        ("####$18.50.", "18.50", "a dollar sign before, a full stop after, no space needed"),
+        ("#### -3\nThat is all.", "-3", "text on later lines is allowed"),
+        ("#### 18 dollars", None, "anything else on the marker's line"),
+        ("#### 3\n#### 4", None, "two markers: a hedge"),
+        ("#### 1,00", None, "a comma that is not a thousands separator"),
+        ("The answer is 18.", None, "no marker"),
+        ("#### \\frac{1}{2}", None, "not a number"),
+    ],
+)
+def test_hash_answer_table(text, expected, reason):
+    assert hash_answer(text) == expected, reason
+
+
+@pytest.mark.parametrize(
+    "completion, location, template, expected",
+    [
+        ("so \\boxed{18}", "boxed", "plain", "18"),
+        ("\\boxed{18} \\fbox{19}", "boxed", "plain", None),  # two boxes
+        ("<think>\n\\boxed{18}\n</think>\n<answer>\n18\n</answer>", "boxed", "r1", None),  # box outside
+        ("<think>\nx\n</think>\n<answer>\n\\boxed{18}\n</answer>", "boxed", "r1", "18"),
+        ("<think>\nx\n</think>\n<answer>\n#### 18\n</answer>", "gsm8k", "r1", "18"),
+        ("#### 18\n<answer>\n17\n</answer>", "gsm8k", "r1", None),  # marker outside the block
+        ("<answer> 18 </answer>", "answer_tag", "plain", "18"),
+        ("<answer>\\boxed{18}</answer>", "answer_tag", "plain", "18"),  # a box inside is unwrapped
+        ("<answer>18</answer><answer>17</answer>", "answer_tag", "plain", None),  # two blocks
+        ("18", "answer_tag", "plain", None),
+    ],
+)
+def test_located_answer_table(completion, location, template, expected):
+    assert located_answer(completion, location, template) == expected
 
 
 # --- arithmetic: problems and answers -----------------------------------------------------------

@@ -1,10 +1,13 @@
-"""JSONL user data: answer formats, clear errors, the held-out split and epoch-wise shuffling."""
+"""User data (JSONL, Parquet): answer formats and locations, prompts as text or messages, clear errors,
+the held-out split (shipped eval sets with their own fields) and epoch-wise shuffling."""
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from grpo_jax.tasks import JsonlTask, make_task
+from grpo_jax.tasks import R1_SYSTEM, JsonlTask, make_task, named_eval_set
 from grpo_jax.tasks.jsonl import extract_reference, last_boxed
 
 DATA = Path(__file__).parent / "data"
@@ -322,3 +325,207 @@ def test_extract_answer_groups_equal_values_for_majority_voting():
     assert votes == ["1/2", "1/2", "1/2"]
     assert task.extract_answer("\\boxed{2 \\sqrt{2}}") == "2\\sqrt{2}"
     assert task.extract_answer("\\boxed{1} \\boxed{2}") is None
+
+
+# --- Parquet ------------------------------------------------------------------------------------
+
+
+def write_parquet(tmp_path, rows, name="d.parquet"):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / name
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_parquet_loads_like_jsonl_with_custom_fields(tmp_path):
+    rows = [{"problem": f"What is {i} + 1?", "solution": f"It is \\boxed{{{i + 1}}}.", "level": i % 3}
+            for i in range(6)]
+    path = write_parquet(tmp_path, rows)
+    task = JsonlTask(path=path, question_field="problem", answer_field="solution", eval_fraction=0.0)
+    got = sorted((task.train_example(i)["problem"], task.train_example(i)["answer"]) for i in range(6))
+    assert got == sorted((r["problem"], str(int(r["problem"].split()[2]) + 1)) for r in rows)
+    assert {task.train_example(i)["level"] for i in range(6)} == {0, 1, 2}  # other columns travel along
+
+
+def test_parquet_conversational_prompts_as_datasets_writes_them(tmp_path):
+    # TRL's conversational format: a list<struct<role, content>> column, as `datasets` stores it.
+    rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"{i} + 1?"}],
+             "answer": str(i + 1)} for i in range(3)]
+    task = JsonlTask(path=write_parquet(tmp_path, rows), eval_fraction=0.0, template="r1")
+    example = next(task.train_example(i) for i in range(3) if task.train_example(i)["answer"] == "1")
+    assert example["question"] == "0 + 1?"
+    assert [m["role"] for m in example["prompt"]] == ["system", "user"]
+    assert example["prompt"][0]["content"].startswith(R1_SYSTEM) and example["prompt"][0]["content"].endswith(
+        "Be brief.")
+    assert example["prompt"][1]["content"] == "0 + 1? Put the answer in \\boxed{}."
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ({"question": None, "answer": "1"}, "row 2: field 'question' must be a non-empty string"),
+        ({"question": "q", "answer": None}, "row 2: field 'answer' must be a string or a number"),
+        ({"question": "q", "answer": "no marker"}, "row 2: field 'answer' holds no final answer"),
+    ],
+)
+def test_parquet_bad_row_names_file_row_and_field(tmp_path, bad_row, message):
+    rows = [{"question": "a", "answer": "#### 1"}, {"question": "b", "answer": "#### 2"}, bad_row]
+    path = write_parquet(tmp_path, rows)
+    with pytest.raises(ValueError) as error:
+        JsonlTask(path=path, answer_format="gsm8k")
+    assert str(error.value).startswith(f"{path}, {message}")
+
+
+def test_parquet_missing_column_and_broken_file_are_named(tmp_path):
+    path = write_parquet(tmp_path, [{"problem": "a", "answer": "1"}])
+    with pytest.raises(ValueError, match=r"d\.parquet, row 0: missing field 'question'.*\['answer', 'problem'\]"):
+        JsonlTask(path=path)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"broken\.parquet: not a readable Parquet file"):
+        JsonlTask(path=str(broken))
+
+
+def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path, monkeypatch):
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # "import pyarrow" now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ImportError, match=r"d\.parquet: reading Parquet files needs pyarrow: pip install pyarrow "
+                                          r"\(or pip install 'grpo_jax\[parquet\]'\)"):
+        JsonlTask(path=str(path))
+
+
+# --- prompts as text or messages ------------------------------------------------------------------
+
+
+def test_jsonl_messages_and_string_prompts(tmp_path):
+    path = write(tmp_path, "\n".join([
+        '{"prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"}',
+        '{"prompt": "What is 3+3?", "answer": "6"}',
+        '{"question": "What is 4+4?", "answer": "8"}',
+    ]) + "\n")
+    task = JsonlTask(path=path, eval_fraction=0.0)
+    by_answer = {task.train_example(i)["answer"]: task.train_example(i) for i in range(3)}
+    assert by_answer["4"]["prompt"] == [{"role": "user", "content": "What is 2+2? Put the answer in \\boxed{}."}]
+    assert by_answer["4"]["question"] == "What is 2+2?"  # the split and eval_path dedup key on this
+    assert by_answer["6"]["prompt"] == "What is 3+3? Put the answer in \\boxed{}."
+    assert by_answer["8"]["prompt"] == "What is 4+4? Put the answer in \\boxed{}."
+    none = JsonlTask(path=path, eval_fraction=0.0, template="none")
+    assert {none.train_example(i)["answer"]: none.train_example(i)["prompt"] for i in range(3)}["4"] == [
+        {"role": "user", "content": "What is 2+2?"}]
+    # The task's own rewards and checks never look at the prompt, so a list is as good as text.
+    for spec in task.reward_fns():
+        assert spec.fn([by_answer["4"]["prompt"]], ["\\boxed{4}"], answer=["4"]) == [1.0]
+
+
+def test_messages_field_is_configurable_and_bad_messages_name_file_line_and_field(tmp_path):
+    path = write(tmp_path, '{"conversation": [{"role": "user", "content": "1+1?"}], "answer": "2"}\n'
+                           '{"conversation": [{"role": "user", "content": "q"}, {"role": "assistant", '
+                           '"content": "a"}], "answer": "3"}\n')
+    with pytest.raises(ValueError) as error:
+        JsonlTask(path=path, messages_field="conversation")
+    assert str(error.value) == (f"{path}, line 2: field 'conversation': the last message must be the user's "
+                                "turn, got role 'assistant'")
+    # Without the messages field a row needs its question field; the error names both.
+    with pytest.raises(ValueError, match=r"line 1: missing field 'question' \(or 'prompt' with the prompt\)"):
+        JsonlTask(path=path)
+
+
+# --- where the model's answer is ------------------------------------------------------------------
+
+
+def gsm8k_task(**options):
+    return JsonlTask(path=GSM8K, eval_fraction=0.0, answer_location="gsm8k", **options)
+
+
+def test_gsm8k_answer_location_asks_trains_and_checks_with_hashes():
+    task = gsm8k_task()
+    example = next(task.train_example(i) for i in range(8) if task.train_example(i)["answer"] == "1000")
+    assert example["prompt"].endswith(' Let\'s think step by step and output the final answer after "####".')
+    good = "250 * 4 = 1000 pens.\n#### 1,000"
+    assert task.eval_correct(good, example) and task.extract_answer(good) == "1000"
+    assert task.eval_correct("#### 1000.00", example)  # compared by value (verl compares strings)
+    for wrong in ("#### 1000\n#### 999", "\\boxed{1000}", "#### 1000 pens", "The answer is 1000."):
+        assert not task.eval_correct(wrong, example) and task.extract_answer(wrong) is None, wrong
+    (spec,) = task.reward_fns()
+    completions = [good, "#### 999", "\\boxed{1000}", "#### 1000\n#### 999"]
+    assert spec.fn(["p"] * 4, completions, answer=["1000"] * 4) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_every_shipped_gsm8k_reference_solution_is_read_as_correct():
+    # Real inputs: each GSM8K test solution ("... <<16-3-4=9>>9 ...\n#### 18") is a completion in
+    # exactly the format answer_location="gsm8k" asks for, so every one must score 1.
+    task = JsonlTask(path=named_eval_set("gsm8k"), answer_location="gsm8k", eval_fraction=0.0)
+    rows = [json.loads(line) for line in Path(named_eval_set("gsm8k")).read_text().splitlines()]
+    assert task.num_train == len(rows) == 1319
+    (spec,) = task.reward_fns()
+    examples = [task.train_example(i) for i in range(task.num_train)]
+    solutions = {e["question"]: e for e in examples}
+    completions = [r["answer"] for r in rows]
+    answers = [solutions[r["question"]]["answer"] for r in rows]
+    assert spec.fn(["p"] * len(rows), completions, answer=answers) == [1.0] * len(rows)
+    assert all(task.eval_correct(c, {"answer": a}) for c, a in zip(completions, answers))
+
+
+def test_answer_tag_location_with_r1_rewards_format_and_content():
+    task = JsonlTask(path=GSM8K, eval_fraction=0.0, template="r1", answer_location="answer_tag")
+    example = task.train_example(0)
+    assert example["prompt"].endswith(f"User: {example['question']}\nAssistant:")  # R1's text says where
+    good = f"<think>\nwork\n</think>\n<answer>\n{example['answer']}\n</answer>"
+    boxed = f"<think>\nwork\n</think>\n<answer>\n\\boxed{{{example['answer']}}}\n</answer>"
+    assert task.eval_correct(good, example) and task.eval_correct(boxed, example)
+    hedge = f"<answer>\n{example['answer']}}} or {{0\n</answer>"  # braces that would close a box early
+    assert not task.eval_correct(hedge, example)
+    assert [s.name for s in task.reward_fns()] == ["math", "format"]
+    accuracy = task.reward_fns()[0].fn(["p"] * 3, [good, boxed, hedge], answer=[example["answer"]] * 3)
+    assert accuracy == [1.0, 1.0, 0.0]
+
+
+def test_bad_answer_location_lists_the_choices():
+    with pytest.raises(ValueError, match=r"answer_location='hash'.*\['boxed', 'gsm8k', 'answer_tag'\]"):
+        JsonlTask(path=GSM8K, answer_location="hash")
+
+
+# --- shipped eval sets and their fields -----------------------------------------------------------
+
+
+def test_named_eval_sets_ship_with_their_licenses():
+    path = Path(named_eval_set("gsm8k"))
+    assert path.name == "gsm8k_test.jsonl" and (path.parent / "LICENSE.gsm8k").is_file()
+    assert "gsm8k_test.jsonl" in (path.parent / "README.md").read_text()
+    with pytest.raises(ValueError, match=r"unknown eval set 'gsm8k_test'.*\['gsm8k', 'math500'\]"):
+        named_eval_set("gsm8k_test")
+
+
+def test_eval_path_by_name_drops_its_questions_from_training(tmp_path):
+    first = json.loads(Path(named_eval_set("gsm8k")).read_text().splitlines()[0])
+    train = write(tmp_path, json.dumps(first) + "\n" + Path(GSM8K).read_text())
+    task = JsonlTask(path=train, eval_path="gsm8k")
+    assert len(task.eval_examples()) == 1319 and task.num_train == 8  # the test question is not trained on
+    assert task.eval_examples()[0]["answer"] == "18"
+
+
+def test_math500_as_eval_set_of_a_gsm8k_run_uses_its_own_fields():
+    # Old: "missing field 'question'" -- the held-out file was read with the training file's fields.
+    try:
+        named_eval_set("math500")
+    except FileNotFoundError:
+        pytest.skip("grpo_jax/assets/data/math500_test.jsonl is not in this checkout yet")
+    task = JsonlTask(path=GSM8K, answer_format="gsm8k", eval_path="math500")
+    held_out = task.eval_examples()
+    assert len(held_out) == 500 and task.num_train == 8
+    assert held_out[0]["question"] == held_out[0]["problem"]
+    assert held_out[0]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"  # the raw `answer` field
+    assert task.eval_correct("\\boxed{\\left(3, \\frac{\\pi}{2}\\right)}", held_out[0])
+
+
+def test_eval_file_with_its_own_field_names(tmp_path):
+    held = write(tmp_path, '{"problem": "What is 1+1?", "final": "#### 2"}\n', "eval.jsonl")
+    with pytest.raises(ValueError, match=r"eval\.jsonl, line 1: missing field 'answer'"):
+        JsonlTask(path=GSM8K, eval_path=held)
+    task = JsonlTask(path=GSM8K, eval_path=held, eval_question_field="problem", eval_answer_field="final",
+                     eval_answer_format="gsm8k")
+    assert [(e["question"], e["answer"]) for e in task.eval_examples()] == [("What is 1+1?", "2")]

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from grpo_jax import chat_template as ct
 from grpo_jax import tokenizer as tk
 from grpo_jax.assets import build_task_spm
+from hf_fixtures import make_tiny_instruct_checkpoint
 
 
 # ---------------------------------------------------------------- CharTokenizer (the CPU demo)
@@ -220,8 +222,16 @@ def test_load_tokenizer_specs_and_errors(tmp_path, llama_style_spm):
     assert isinstance(tk.load_tokenizer(str(llama_style_spm.parent)), tk.SentencePieceTokenizer)
     with pytest.raises(FileNotFoundError, match="nope/tokenizer.model"):
         tk.load_tokenizer(str(tmp_path / "nope" / "tokenizer.model"))
-    with pytest.raises(FileNotFoundError, match="neither tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=f"tokenizer not found in directory {tmp_path}: no tokenizer.json"):
         tk.load_tokenizer(str(tmp_path))
+    # A checkpoint with only slow-tokenizer files says what it has and how to get tokenizer.json.
+    (tmp_path / "vocab.json").write_text("{}")
+    (tmp_path / "merges.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="not found.*holds vocab.json, merges.txt.*save_pretrained"):
+        tk.load_tokenizer(str(tmp_path))
+    for empty in ("", "  "):  # pathlib.Path("") is ".", the current directory: never a tokenizer
+        with pytest.raises(ValueError, match="tokenizer spec is empty"):
+            tk.load_tokenizer(empty)
     with pytest.raises(ValueError, match="unknown tokenizer spec 'gpt2'.*'char:<symbols>', 'builtin'"):
         tk.load_tokenizer("gpt2")
     # A missing directory (or a hub id: nothing is downloaded) is "not found" with the path.
@@ -240,3 +250,165 @@ def test_ids_past_the_vocabulary_decode_to_nothing():
     spm = load_tokenizer("builtin")
     ids = spm.encode("12+3") + [spm.vocab_size + 7]
     assert spm.decode(ids) == "12+3"
+
+
+# ---------------------------------------------------------------- several stop ids
+
+def test_completion_ids_stop_at_the_first_of_any_stop_id():
+    # eos_ids (5, 6): whichever comes first ends the completion; a lone int still works.
+    assert tk.completion_ids([9, 9, 1, 2, 6, 3, 5, 4], (5, 6), pad_id=9) == [1, 2]
+    assert tk.completion_ids([1, 5, 2], 5, pad_id=9) == [1]
+
+
+def test_eos_ids_merge_tokenizer_config_eos_with_generation_config(tmp_path):
+    # Qwen2.5-Instruct: eos_token <|im_end|> (1); generation_config.json stops on [1, 0].
+    path = _write_hf_tokenizer(tmp_path, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    assert tk.HFTokenizer(path).eos_ids == (1,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 0]}))
+    tok = tk.HFTokenizer(path)
+    assert (tok.eos_id, tok.eos_ids) == (1, (1, 0))  # eos_id stays the primary one, first
+    # decode stops at either: <|endoftext|> (0) after "42" ends the text too.
+    assert tok.decode([7, 0, 4]) == "42" and tok.decode([7, 1, 4]) == "42"
+    # An int, and an eos_token already in the list, give no duplicates.
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    assert tk.HFTokenizer(path).eos_ids == (1, 0)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 1]}))
+    assert tk.HFTokenizer(path).eos_ids == (1, 0)
+
+
+def test_eos_from_generation_config_alone_and_bad_ids_named(tmp_path):
+    path = _write_hf_tokenizer(tmp_path, {"pad_token": "<|endoftext|>"})
+    gen = tmp_path / "generation_config.json"
+    gen.write_text(json.dumps({"eos_token_id": [1, 0]}))
+    assert (tk.HFTokenizer(path).eos_id, tk.HFTokenizer(path).eos_ids) == (1, (1, 0))
+    gen.write_text(json.dumps({"eos_token_id": [1, 99]}))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(gen))}: eos_token_id \[1, 99\] must be .* 0\.\.7"):
+        tk.HFTokenizer(path)
+    # Without generation_config.json, config.json's eos_token_id (transformers' fallback too).
+    gen.unlink()
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 0}))
+    assert tk.HFTokenizer(path).eos_ids == (0,)
+    # A broken config.json is the model loader's to report (it names the file); the tokenizer
+    # reads no stop ids from it and still loads.
+    (tmp_path / "config.json").write_text("[1]")
+    assert tk.HFTokenizer(path, eos_id=1).eos_ids == (1,)
+
+
+def test_char_and_spm_tokenizers_have_one_stop_id(llama_style_spm):
+    assert tk.CharTokenizer("01").eos_ids == (2,)
+    assert tk.load_tokenizer("builtin").eos_ids == (1,)
+    assert tk.SentencePieceTokenizer(llama_style_spm).eos_ids == (2,)
+
+
+# ---------------------------------------------------------------- BOS where the tokenizer asks for it
+
+def test_encode_prompt_follows_the_tokenizer_bos_rule(tmp_path):
+    # Qwen: bos null -> prompts get none, even though the post-processor would add <s>.
+    qwen = tk.HFTokenizer(_write_hf_tokenizer(tmp_path / "qwen", {"eos_token": "<|im_end|>", "bos_token": None}))
+    assert (qwen.add_bos_token, qwen.encode_prompt("the answer")) == (False, [4, 5])
+    # Llama 3: no add_bos_token key, and tokenizer.json's post-processor prepends <s>: so does encode_prompt.
+    llama = tk.HFTokenizer(_write_hf_tokenizer(tmp_path / "llama", {"bos_token": "<s>", "eos_token": "<|endoftext|>"}))
+    assert (llama.add_bos_token, llama.encode_prompt("the answer")) == (True, [2, 4, 5])
+    assert llama.encode("the answer") == [4, 5]  # encode stays as it was
+    # Never twice: a prompt whose text already starts with the bos keeps the one it has.
+    assert llama.encode_prompt("<s> the answer") == [2, 4, 5]
+    # tokenizer_config.json's add_bos_token wins over the post-processor, both ways.
+    off = tk.HFTokenizer(_write_hf_tokenizer(tmp_path / "off", {"bos_token": "<s>", "eos_token": "<|im_end|>",
+                                                                "add_bos_token": False}))
+    assert off.encode_prompt("the") == [4]
+    assert tk.HFTokenizer(off.tokenizer_json, add_bos_token=True).encode_prompt("the") == [2, 4]
+
+
+def test_spm_bos_rule_from_tokenizer_config_beside_it(llama_style_spm):
+    # The shipped model and a bare .model: no tokenizer_config.json, prompts get no bos.
+    builtin = tk.load_tokenizer("builtin")
+    assert builtin.encode_prompt("1+2=") == builtin.encode("1+2=")
+    assert tk.SentencePieceTokenizer(llama_style_spm).encode_prompt("the cat")[0] != 1
+    # Llama-2's checkpoint says add_bos_token true: <s> (1) first, once.
+    (llama_style_spm.parent / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"}))
+    try:
+        tok = tk.SentencePieceTokenizer(llama_style_spm)
+        assert tok.encode_prompt("the cat") == [1] + tok.encode("the cat")
+        assert tok.encode_prompt("<s>the cat") == [1] + tok.encode("the cat")  # "<s>" is bos, once
+    finally:
+        (llama_style_spm.parent / "tokenizer_config.json").unlink()
+
+
+# ---------------------------------------------------------------- chat templates on every tokenizer
+
+def test_tiny_instruct_checkpoint_chat_ids(tmp_path):
+    path = make_tiny_instruct_checkpoint(tmp_path / "tiny")
+    tok = tk.load_tokenizer(str(path))
+    endoftext, im_start, im_end = (tok._tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    assert (tok.eos_id, tok.eos_ids, tok.pad_id, tok.bos_id) == (im_end, (im_end, endoftext), endoftext, None)
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    text = tok.apply_chat_template(chat, tokenize=False)
+    assert text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                    "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.apply_chat_template(chat)  # add_generation_prompt=True, tokenize=True by default
+    # The template's markers are one id each, and the ids are the text's ids, nothing added.
+    assert ids == tok.encode(text) and ids.count(im_start) == 3 and ids.count(im_end) == 2
+    header = tok.encode("<|im_start|>assistant\n")
+    assert ids[-len(header):] == header and ids[0] == im_start
+    assert tok.apply_chat_template(chat, add_generation_prompt=False) == ids[:-len(header)]
+    # A completion decodes up to either stop id.
+    answer = tok.encode("The answer is 42.")
+    assert tok.decode(answer + [im_end, 5]) == tok.decode(answer + [endoftext]) == "The answer is 42."
+    # Another template by argument, and extra keywords as template variables.
+    assert tok.apply_chat_template(chat, chat_template="{{ messages[0].content }}{{ x }}", x="!",
+                                   tokenize=False) == "What is 12 + 30?!"
+
+
+def test_llama3_template_bos_comes_once_from_the_template(tmp_path):
+    # The post-processor would add <s> too (add_bos_token true), but template text is encoded with
+    # nothing added: one <s>, the template's.
+    path = _write_hf_tokenizer(tmp_path, {"bos_token": "<s>", "eos_token": "<|im_end|>"})
+    (tmp_path / "chat_template.jinja").write_text(
+        "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    tok = tk.HFTokenizer(path)
+    assert tok.add_bos_token and tok.apply_chat_template([{"role": "user", "content": "the answer"}]) == [2, 4, 5, 1]
+
+
+def test_tokenizers_without_a_template_say_where_they_looked(tmp_path, llama_style_spm):
+    chat = [{"role": "user", "content": "1+1"}]
+    path = _write_hf_tokenizer(tmp_path, {"eos_token": "<|im_end|>"})
+    for tok, where in ((tk.HFTokenizer(path), str(tmp_path)), (tk.CharTokenizer("1+="), "CharTokenizer('1+=')"),
+                       (tk.SentencePieceTokenizer(llama_style_spm), str(llama_style_spm.parent))):
+        with pytest.raises(ct.ChatTemplateError, match=rf"^{re.escape(where)} has no chat template \(looked for "
+                                                       r"chat_template.jinja.*plain string"):
+            tok.apply_chat_template(chat)
+    # A template by argument works on any tokenizer.
+    assert tk.CharTokenizer("1+=").apply_chat_template(chat, chat_template="{{ messages[0].content }}=") == [0, 1, 0, 2]
+
+
+def test_spm_chat_template_spells_special_tokens_and_gets_their_ids(llama_style_spm):
+    # Llama-2-chat writes "<s>[INST] ..." as text; sentencepiece alone would spell "<s>" out as
+    # three pieces. The rendered text maps it to bos (1), and no second bos is added.
+    (llama_style_spm.parent / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>",
+        "chat_template": "{% for m in messages %}{{ bos_token }}{{ m.content }} {{ eos_token }}{% endfor %}"}))
+    try:
+        tok = tk.SentencePieceTokenizer(llama_style_spm)
+        ids = tok.apply_chat_template([{"role": "user", "content": "the cat"}, {"role": "user", "content": "a dog"}])
+        assert ids == [1, *tok.encode("the cat "), 2, 1, *tok.encode("a dog "), 2]
+    finally:
+        (llama_style_spm.parent / "tokenizer_config.json").unlink()
+
+
+@pytest.mark.parity
+def test_parity_encode_prompt_and_stop_ids_with_transformers(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path = make_tiny_instruct_checkpoint(tmp_path / "tiny")
+    theirs, ours = AutoTokenizer.from_pretrained(str(path)), tk.load_tokenizer(str(path))
+    for text in ("The answer is 42.", "héllo  wörld\n\n 12+30=42 <|im_end|>x", ""):
+        assert ours.encode_prompt(text) == theirs(text)["input_ids"]
+    assert list(ours.eos_ids) == GenerationConfig.from_pretrained(str(path)).eos_token_id
+    assert ours.eos_id == theirs.eos_token_id and ours.pad_id == theirs.pad_token_id
+    # Llama 3's rule: no add_bos_token, a bos-prepending post-processor: transformers adds it too.
+    llama = _write_hf_tokenizer(tmp_path / "llama", {"bos_token": "<s>", "eos_token": "<|endoftext|>",
+                                                     "tokenizer_class": "PreTrainedTokenizerFast"})
+    assert tk.HFTokenizer(llama).encode_prompt("the answer") == \
+        AutoTokenizer.from_pretrained(str(llama.parent))("the answer")["input_ids"]

@@ -1,131 +1,96 @@
-"""A small, bounded math grammar: answer text -> sympy objects, without evaluating any Python.
+"""A small, bounded math grammar: answer text -> sympy objects and answer kinds, without evaluating Python.
 
 Model text is untrusted. `sympify` and `parse_expr` run Python `eval` on their input, so
 `\\boxed{__import__('os').system(...)}` would execute and `9**9**9` would hang. This module
 tokenises the text itself (ASCII only), parses it with recursive descent, and builds sympy
-objects directly (`Integer`, `Rational`, `Add`, `Mul`, `Pow`, `sqrt`, ...). Every node is
-bounded before it is built: input length, nesting depth, exponent size, the bit length of exact
-powers, factorial arguments. Anything outside the grammar raises `MathParseError`.
+objects directly (`Integer`, `Rational`, `Add`, `Mul`, `Pow`, `sqrt`, ...) and the answer kinds of
+`math_answers` (tuples, sets, intervals, unions, matrices, base numerals, relations), every one
+through the bounded builders of `math_bounds` (input length, nesting depth, item counts, exponents,
+degrees, bit lengths, factorials). Anything outside the grammar or its bounds raises `MathParseError`.
 
 Grammar (LaTeX and plain text; `^` binds tighter than unary minus, as in maths):
-    answer  := expr (',' expr)*                     a comma list is a tuple
-    expr    := term (('+' | '-') term)*
+    answer  := chain (',' chain)*                    two or more: Unordered (a bare list of solutions)
+    chain   := union (relop union)*                  relop: = < > <= >= \\le \\leq \\ge \\geq \\lt \\gt
+    union   := expr (\\cup expr)*
+    expr    := term (('+' | '-' | \\pm | \\mp) term)*
     term    := unary (('*' | '/' | \\cdot | \\times | \\div) unary | <implicit> power)*
-    unary   := ('+' | '-') unary | power
+    unary   := ('+' | '-' | \\pm | \\mp) unary | mixed | power
+    mixed   := integer \\frac{p}{q}                   0 < p < q: the mixed number integer + p/q
     power   := postfix ('^' (group | unary))?
     postfix := atom '!'*                             n! for integers 0 <= n <= MAX_FACTORIAL
-    atom    := number | letter | pi | '(' answer ')' | '{' expr '}'
-             | \\frac A B | \\sqrt[n]? A | \\pi | \\infty | func A     (func: sin cos tan log ln exp sqrt)
+    atom    := number | integer '_' base | letter | pi | '{' expr '}' | \\{ items \\}
+             | ('(' | '[') items (')' | ']')         one item: grouping; more: a tuple, or with a
+                                                     square bracket an interval (exactly two items)
+             | \\begin{pmatrix} rows \\end{pmatrix}   (also bmatrix, matrix): '&' columns, '\\\\' rows
+             | \\frac A B | \\sqrt[n]? A | \\pi | \\infty | func ('^' A)? ('_' A)? A
+    func    := sin cos tan cot sec csc arcsin arccos arctan log ln exp (`\\log_b x` has a base)
 
 Implicit multiplication (`2x`, `3\\pi`, `2(x+1)`) is allowed only when the right factor starts
 with a letter, a command other than `\\frac`, or a bracket: never before a digit (`1/3 1/2` must
-not become 1/6) and never before `\\frac` (`2\\frac12` is a mixed number to a human, 1 to sympy).
-Multi-letter words other than the function names are rejected, so "1/3 or 1/2" cannot parse.
-In plain-text powers `2^10` is 1024 (the whole number is the exponent), not LaTeX's `2^1 0`.
+not become 1/6) and never before `\\frac`: an integer followed by a proper `\\frac{p}{q}` is the mixed
+number a human reads (`1\\frac45` = 9/5); any other number before `\\frac` (`2\\frac32`, `1.5\\frac12`)
+is ambiguous and rejected. `\\pm` makes two branches that arithmetic carries (`\\frac{1 \\pm \\sqrt5}{2}`);
+at most one `\\pm` per entry, and only where a set of answers can stand (not inside tuples,
+intervals, matrices or relations). Multi-letter words other than the function names are rejected,
+so "1/3 or 1/2" cannot parse. In plain-text powers and subscripts the whole number is the exponent
+or base (`2^10` is 1024, `101_10` is base ten), not LaTeX's one-character argument.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-
 import sympy
 
-MAX_INPUT_CHARS = 1000  # a boxed answer longer than this is not a final answer
-MAX_DEPTH = 64  # nested expressions/signs/commands (a bracket costs 1-2); ~7 Python frames each
-MAX_EXPONENT = 1000  # |numerator| of a rational exponent
-MAX_EXPONENT_DENOMINATOR = 100
-MAX_POWER_BITS = 20_000  # exact rational powers larger than this are refused (9^9^9 is ~1.2e9 bits)
-MAX_FACTORIAL = 1000
-MAX_NUMBER_DIGITS = 400
-
-
-class MathParseError(ValueError):
-    """The text is outside the grammar or its bounds; the verifier scores it 0.0."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Token:
-    kind: str  # "num", "word", "cmd", "op"
-    text: str
-
-
-# One pattern, ASCII only: `\d` without re.ASCII would also match Arabic-Indic and other digits.
-_TOKEN_RE = re.compile(
-    r"\s*(?:(?P<num>\d+(?:\.\d*)?|\.\d+)|(?P<word>[A-Za-z]+)|(?P<cmd>\\[A-Za-z]+)|(?P<op>[-+*/^()\[\]{}!,]))",
-    re.ASCII,
+from grpo_jax.rewards.math_answers import (
+    BaseNumeral,
+    Interval,
+    Matrix,
+    PlusMinus,
+    Relation,
+    Union,
+    Unordered,
+)
+from grpo_jax.rewards.math_bounds import (
+    MAX_BASE,
+    MAX_DEPTH,
+    MAX_EXPONENT_DENOMINATOR,
+    MAX_INPUT_CHARS,
+    MAX_ITEMS,
+    MAX_NUMBER_DIGITS,
+    MathParseError,
+    Token,
+    bounded_degree,
+    bounded_factorial,
+    bounded_pow,
+    check_scalars,
+    entry,
+    exact_number,
+    lift_pm,
+    negate,
+    reciprocal,
+    scalars_in,
+    times,
+    tokenize,
+    unordered,
 )
 
+__all__ = ["MAX_INPUT_CHARS", "MathParseError", "parse_math", "tokenize"]
+
 _FUNCTIONS = {
-    "sin": sympy.sin,
-    "cos": sympy.cos,
-    "tan": sympy.tan,
-    "log": sympy.log,  # natural log, as in sympy and most answer keys
+    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
+    "cot": sympy.cot, "sec": sympy.sec, "csc": sympy.csc,
+    "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
+    "log": sympy.log,  # natural log, as in sympy and most answer keys; `\log_b x` takes a base
     "ln": sympy.log,
     "exp": sympy.exp,
 }
 _MUL_CMDS = {"\\cdot", "\\times"}
 _DIV_CMDS = {"\\div"}
-
-
-def tokenize(text: str) -> list[Token]:
-    """Splits `text` into tokens; raises MathParseError on any character outside the grammar."""
-    if len(text) > MAX_INPUT_CHARS:
-        raise MathParseError(f"answer has {len(text)} characters; at most {MAX_INPUT_CHARS} allowed")
-    tokens: list[Token] = []
-    pos = 0
-    end = len(text.rstrip())
-    while pos < end:
-        m = _TOKEN_RE.match(text, pos)
-        if m is None:
-            raise MathParseError(f"unexpected character {text[pos:pos + 1]!r} at position {pos}")
-        kind = m.lastgroup
-        tokens.append(Token(kind, m.group(kind)))
-        pos = m.end()
-    return tokens
-
-
-def _bits(r: sympy.Rational) -> int:
-    return max(int(r.p).bit_length(), int(r.q).bit_length())
-
-
-def bounded_pow(base, exponent):
-    """base**exponent, refusing the cases that would take unbounded time or memory to build."""
-    if isinstance(base, tuple) or isinstance(exponent, tuple):
-        raise MathParseError("a tuple cannot be raised to a power")
-    if exponent.is_Rational:
-        if abs(exponent.p) > MAX_EXPONENT or exponent.q > MAX_EXPONENT_DENOMINATOR:
-            raise MathParseError(f"exponent {exponent} outside |p| <= {MAX_EXPONENT}, q <= {MAX_EXPONENT_DENOMINATOR}")
-        if base.is_Rational and _bits(base) * abs(int(exponent.p)) // int(exponent.q) > MAX_POWER_BITS:
-            raise MathParseError(f"power would exceed {MAX_POWER_BITS} bits")
-        if base == 0 and exponent.is_negative:
-            raise MathParseError("zero to a negative power")
-    elif exponent.free_symbols == set() and base.is_number:
-        # An irrational or huge symbolic exponent of a number (2^(10^10) written as 2^{10^{10}} is
-        # caught above; this covers e.g. 2^{\pi}): sympy keeps it unevaluated, which is cheap.
-        pass
-    return sympy.Pow(base, exponent)
-
-
-def bounded_factorial(arg):
-    if isinstance(arg, tuple):
-        raise MathParseError("factorial of a tuple")
-    if arg.is_Integer:
-        if not 0 <= int(arg) <= MAX_FACTORIAL:
-            raise MathParseError(f"factorial argument {arg} outside 0..{MAX_FACTORIAL}")
-        return sympy.factorial(arg)
-    if arg.is_number:
-        raise MathParseError(f"factorial of non-integer {arg}")
-    return sympy.factorial(arg)
-
-
-def _number(text: str) -> sympy.Rational:
-    """Exact value of a decimal literal (no floats: 0.1 + 0.2 must equal 0.3)."""
-    if len(text) > MAX_NUMBER_DIGITS:
-        raise MathParseError(f"number with {len(text)} digits; at most {MAX_NUMBER_DIGITS} allowed")
-    whole, _, frac = text.partition(".")
-    digits = (whole or "0") + frac
-    return sympy.Rational(int(digits), 10 ** len(frac))
+_PM_CMDS = {"\\pm", "\\mp"}
+_RELATIONS = {
+    "=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "\\lt": "<", "\\gt": ">",
+    "\\le": "<=", "\\leq": "<=", "\\leqslant": "<=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=",
+}
+_MATRIX_ENVS = {"pmatrix", "bmatrix", "matrix"}
 
 
 class _Parser:
@@ -135,8 +100,13 @@ class _Parser:
         self.depth = 0
 
     # -- token helpers -------------------------------------------------------------------------
-    def peek(self) -> Token | None:
-        return self.tokens[self.i] if self.i < len(self.tokens) else None
+    def peek(self, ahead: int = 0) -> Token | None:
+        j = self.i + ahead
+        return self.tokens[j] if j < len(self.tokens) else None
+
+    def at(self, *texts: str) -> bool:
+        tok = self.peek()
+        return tok is not None and tok.text in texts
 
     def take(self) -> Token:
         tok = self.peek()
@@ -155,48 +125,88 @@ class _Parser:
         if self.depth > MAX_DEPTH:
             raise MathParseError(f"nesting deeper than {MAX_DEPTH}")
 
-    # -- grammar -------------------------------------------------------------------------------
+    # -- answers, lists, relations, unions -----------------------------------------------------
     def answer(self):
-        items = [self.expr()]
-        while self.peek() is not None and self.peek().text == ",":
-            self.take()
-            items.append(self.expr())
+        items = self.items(self.chain)
         if len(items) == 1:
-            return items[0]
-        if any(isinstance(x, tuple) for x in items):
-            raise MathParseError("nested tuples are not answers")
-        return tuple(items)
+            return Unordered((items[0].plus, items[0].minus)) if isinstance(items[0], PlusMinus) else items[0]
+        return unordered(items)
 
+    def items(self, parse_one) -> list:
+        items = [parse_one()]
+        while self.at(","):
+            self.take()
+            items.append(parse_one())
+            if len(items) > MAX_ITEMS:
+                raise MathParseError(f"more than {MAX_ITEMS} items in one list")
+        return items
+
+    def chain(self):
+        sides, ops = [self.union()], []
+        while (tok := self.peek()) is not None and tok.text in _RELATIONS:
+            self.take()
+            if tok.text in ("<", ">") and self.at("="):  # `< =` with a space is still <=
+                self.take()
+                ops.append(tok.text + "=")
+            else:
+                ops.append(_RELATIONS[tok.text])
+            sides.append(self.union())
+            if len(sides) > MAX_ITEMS:
+                raise MathParseError(f"more than {MAX_ITEMS} sides in one relation")
+        if not ops:
+            return sides[0]
+        if "=" in ops and len(ops) > 1:
+            raise MathParseError("'=' in a chain of relations")
+        if any(o in ("<", "<=") for o in ops) and any(o in (">", ">=") for o in ops):
+            raise MathParseError("a chain of relations that changes direction")
+        return Relation(tuple(entry(s) for s in sides), tuple(ops))
+
+    def union(self):
+        parts = [self.expr()]
+        while self.at("\\cup"):
+            self.take()
+            parts.append(self.expr())
+            if len(parts) > MAX_ITEMS:
+                raise MathParseError(f"more than {MAX_ITEMS} parts in one union")
+        if len(parts) == 1:
+            return parts[0]
+        for p in parts:
+            if not (isinstance(p, (Interval, Unordered)) or isinstance(p, tuple) and len(p) == 2):
+                raise MathParseError(f"a {type(p).__name__} cannot be part of a union")
+        return Union(tuple(parts))
+
+    # -- arithmetic ----------------------------------------------------------------------------
     def expr(self):
         self.enter()
         value = self.term()
-        while (tok := self.peek()) is not None and tok.text in "+-" and tok.kind == "op":
+        while (tok := self.peek()) is not None and (tok.kind == "op" and tok.text in "+-" or tok.text in _PM_CMDS):
             self.take()
             rhs = self.term()
-            _no_tuple(value, rhs)
-            value = sympy.Add(value, rhs) if tok.text == "+" else sympy.Add(value, -rhs)
+            if tok.text == "+":
+                value = lift_pm(sympy.Add, value, rhs)
+            elif tok.text == "-":
+                value = lift_pm(lambda a, b: sympy.Add(a, -b), value, rhs)
+            else:  # a \pm b, a \mp b: as a set of two answers the order of the branches is immaterial
+                check_scalars(value, rhs, pm=False)
+                value = PlusMinus(sympy.Add(value, rhs), sympy.Add(value, -rhs))
         self.depth -= 1
         return value
 
     def term(self):
         value = self.unary()
         while (tok := self.peek()) is not None:
-            if tok.text in ("*",) or tok.text in _MUL_CMDS:
+            if tok.text == "*" or tok.text in _MUL_CMDS:
                 self.take()
-                rhs = self.unary()
-                _no_tuple(value, rhs)
-                value = sympy.Mul(value, rhs)
+                value = times(value, self.unary())
             elif tok.text == "/" or tok.text in _DIV_CMDS:
                 self.take()
                 rhs = self.unary()
-                _no_tuple(value, rhs)
-                if rhs == 0:
-                    raise MathParseError("division by zero")
-                value = sympy.Mul(value, bounded_pow(rhs, sympy.Integer(-1)))
+                if isinstance(value, Matrix):
+                    value = times(value, reciprocal(entry(rhs)))
+                else:
+                    value = lift_pm(sympy.Mul, value, reciprocal(rhs))
             elif self._starts_implicit_factor(tok):
-                rhs = self.power()
-                _no_tuple(value, rhs)
-                value = sympy.Mul(value, rhs)
+                value = times(value, self.power())
             else:
                 break
         return value
@@ -206,38 +216,57 @@ class _Parser:
         if tok.kind == "word":
             return True
         if tok.kind == "cmd":
-            return tok.text not in _MUL_CMDS and tok.text not in _DIV_CMDS and tok.text not in ("\\frac",)
+            return tok.text not in _MUL_CMDS | _DIV_CMDS | _PM_CMDS | _RELATIONS.keys() | {
+                "\\frac", "\\cup", "\\\\", "\\}", "\\end"}
         return tok.kind == "op" and tok.text in "({"
 
-    def unary(self):
+    def unary(self, mixed_ok: bool = True):
         tok = self.peek()
-        if tok is not None and tok.kind == "op" and tok.text in "+-":
+        if tok is not None and (tok.kind == "op" and tok.text in "+-" or tok.text in _PM_CMDS):
             self.take()
             self.enter()
-            value = self.unary()
+            value = self.unary(mixed_ok)
             self.depth -= 1
-            _no_tuple(value)
-            return -value if tok.text == "-" else value
+            if tok.text == "-":
+                return negate(value)
+            if tok.text == "+":
+                check_scalars(value)
+                return value
+            check_scalars(value, pm=False)
+            return PlusMinus(value, -value)
+        nxt = self.peek(1)
+        if tok is not None and tok.kind == "num" and nxt is not None and nxt.text == "\\frac":
+            if not mixed_ok:  # x^2\frac12: x^2 times 1/2 or x^(5/2)?
+                raise MathParseError("a number before \\frac in an exponent is ambiguous")
+            return self.mixed()
         return self.power()
+
+    def mixed(self):
+        """`1\\frac{4}{5}` = 9/5: an integer and a proper fraction of integers, nothing attached."""
+        whole = self.take().text
+        self.take()  # \frac
+        num, den = self.argument(), self.argument()
+        if "." in whole or not all(isinstance(v, sympy.Basic) and v.is_Integer for v in (num, den)) or not 0 < num < den:
+            raise MathParseError(f"{whole} before \\frac{{{num}}}{{{den}}} is not a mixed number")
+        if self.at("^", "!", "_"):
+            raise MathParseError("a mixed number cannot take a power, factorial or subscript")
+        return exact_number(whole) + sympy.Rational(int(num), int(den))
 
     def power(self):
         base = self.postfix()
-        tok = self.peek()
-        if tok is not None and tok.text == "^":
+        if self.at("^"):
             self.take()
-            nxt = self.peek()
-            exponent = self.group() if nxt is not None and nxt.text == "{" else self.unary()
-            return bounded_pow(base, exponent)
+            exponent = self.group() if self.at("{") else self.unary(mixed_ok=False)
+            return lift_pm(bounded_pow, base, exponent)
         return base
 
     def postfix(self):
         value = self.atom()
-        while (tok := self.peek()) is not None and tok.text == "!":
+        while self.at("!"):
             self.take()
-            nxt = self.peek()
-            if nxt is not None and nxt.text == "!":
+            if self.at("!"):
                 raise MathParseError("'!!' is ambiguous (double factorial or repeated factorial)")
-            value = bounded_factorial(value)
+            value = lift_pm(bounded_factorial, value)
         return value
 
     def group(self):
@@ -265,15 +294,14 @@ class _Parser:
             return sympy.Integer(int(tok.text[0]))
         return self.atom()
 
+    # -- atoms ---------------------------------------------------------------------------------
     def atom(self):
         tok = self.take()
         if tok.kind == "num":
-            return _number(tok.text)
+            return self.base_numeral(tok.text) if self.at("_") else exact_number(tok.text)
         if tok.kind == "op":
-            if tok.text == "(":
-                value = self.answer()  # expr() counts the depth
-                self.expect(")")
-                return value
+            if tok.text in "([":
+                return self.bracketed(tok.text)
             if tok.text == "{":
                 self.i -= 1
                 return self.group()
@@ -282,67 +310,145 @@ class _Parser:
             return self._word(tok.text)
         return self._command(tok.text)
 
+    def bracketed(self, opening: str):
+        self.enter()
+        items = self.items(self.expr)
+        closing = self.take().text
+        self.depth -= 1
+        if closing not in ")]":
+            raise MathParseError(f"expected ')' or ']', found {closing!r}")
+        if len(items) == 1:
+            if opening + closing not in ("()", "[]"):
+                raise MathParseError(f"{opening}...{closing} around one entry")
+            return items[0]
+        entries = tuple(entry(x) for x in items)
+        if opening + closing == "()":
+            return entries
+        if len(entries) != 2:
+            raise MathParseError(f"an interval has two endpoints, not {len(entries)}")
+        return Interval(entries[0], entries[1], opening == "[", closing == "]")
+
+    def base_numeral(self, digits: str):
+        """`52_8`, `4210_{5}`: digits valid in the base, 2 <= base <= MAX_BASE."""
+        self.expect("_")
+        braced = self.at("{")
+        if braced:
+            self.take()
+        tok = self.take()
+        if braced:
+            self.expect("}")
+        if "." in digits or tok.kind != "num" or "." in tok.text or len(digits) > MAX_NUMBER_DIGITS:
+            raise MathParseError(f"{digits}_{tok.text} is not an integer in a base")
+        base = int(tok.text)
+        if not 2 <= base <= MAX_BASE or any(int(d) >= base for d in digits):
+            raise MathParseError(f"{digits} is not a numeral in base {base}")
+        return BaseNumeral(int(digits, base), base)
+
     def _word(self, word: str):
         if len(word) == 1:
             return sympy.Symbol(word)
         if word == "pi":
             return sympy.pi
         if word == "sqrt":
-            return sympy.sqrt(self._func_arg())
+            return lift_pm(sympy.sqrt, self._func_arg())
         if word in _FUNCTIONS:
-            return _FUNCTIONS[word](self._func_arg())
+            return self._function(word)
         raise MathParseError(f"word {word!r} is not math (only single letters and {sorted(_FUNCTIONS)})")
 
     def _func_arg(self):
-        tok = self.peek()
-        if tok is not None and tok.text in ("(", "{"):
-            arg = self.atom()
-        else:
-            arg = self.power()
-        _no_tuple(arg)
+        arg = self.atom() if self.at("(", "{") else self.power()
+        check_scalars(arg)
         return arg
+
+    def _function(self, name: str):
+        """`\\sin x`, `\\sin^2 x` (= (sin x)^2), `\\log_2 8`; `\\sin^{-1}` is ambiguous and rejected."""
+        exponent = base = None
+        if self.at("^"):
+            self.take()
+            exponent = entry(self.argument())
+            if exponent.is_negative:
+                raise MathParseError(f"\\{name}^{{{exponent}}} is ambiguous (inverse or reciprocal)")
+        if name == "log" and self.at("_"):
+            self.take()
+            base = entry(self.argument())
+            if base.is_positive is not True or base == 1:
+                raise MathParseError(f"logarithm base {base}")
+        fn = _FUNCTIONS[name]
+        value = lift_pm(fn if base is None else (lambda x: sympy.log(x, base)), self._func_arg())
+        return value if exponent is None else lift_pm(bounded_pow, value, exponent)
 
     def _command(self, cmd: str):
         self.enter()
         try:
             if cmd == "\\frac":
                 num, den = self.argument(), self.argument()
-                _no_tuple(num, den)
-                if den == 0:
-                    raise MathParseError("division by zero in \\frac")
-                return sympy.Mul(num, bounded_pow(den, sympy.Integer(-1)))
+                return lift_pm(sympy.Mul, num, reciprocal(den))
             if cmd == "\\sqrt":
                 index = None
-                tok = self.peek()
-                if tok is not None and tok.text == "[":
+                if self.at("["):
                     self.take()
                     index = self.expr()
                     self.expect("]")
                 radicand = self.argument()
-                _no_tuple(radicand)
                 if index is None:
-                    return bounded_pow(radicand, sympy.Rational(1, 2))
-                if not (index.is_Integer and 2 <= int(index) <= MAX_EXPONENT_DENOMINATOR):
+                    return lift_pm(lambda r: bounded_pow(r, sympy.Rational(1, 2)), radicand)
+                if not (isinstance(index, sympy.Basic) and index.is_Integer and 2 <= int(index) <= MAX_EXPONENT_DENOMINATOR):
                     raise MathParseError(f"root index {index} must be an integer in 2..{MAX_EXPONENT_DENOMINATOR}")
-                return bounded_pow(radicand, sympy.Rational(1, int(index)))
+                return lift_pm(lambda r: bounded_pow(r, sympy.Rational(1, int(index))), radicand)
             if cmd == "\\pi":
                 return sympy.pi
             if cmd == "\\infty":
                 return sympy.oo
+            if cmd == "\\{":
+                items = self.items(self.expr)
+                self.expect("\\}")
+                return unordered(items)
+            if cmd == "\\begin":
+                return self.matrix()
             if cmd[1:] in _FUNCTIONS:
-                return _FUNCTIONS[cmd[1:]](self._func_arg())
+                return self._function(cmd[1:])
             raise MathParseError(f"LaTeX command {cmd!r} is not supported")
         finally:
             self.depth -= 1
 
+    def _environment(self) -> str:
+        self.expect("{")
+        name = self.take().text
+        self.expect("}")
+        return name
 
-def _no_tuple(*values) -> None:
-    if any(isinstance(v, tuple) for v in values):
-        raise MathParseError("a tuple cannot take part in arithmetic")
+    def matrix(self):
+        env = self._environment()
+        if env not in _MATRIX_ENVS:
+            raise MathParseError(f"environment {env!r} is not one of {sorted(_MATRIX_ENVS)}")
+        rows, row, count = [], [], 0
+        while True:
+            row.append(entry(self.expr()))
+            count += 1
+            if count > MAX_ITEMS:
+                raise MathParseError(f"more than {MAX_ITEMS} matrix entries")
+            tok = self.take()
+            if tok.text == "&":
+                continue
+            if tok.text == "\\\\" and not self.at("\\end"):
+                rows.append(tuple(row))
+                row = []
+                continue
+            if tok.text == "\\\\":
+                tok = self.take()  # a trailing \\ before \end
+            if tok.text != "\\end":
+                raise MathParseError(f"expected '&', '\\\\' or \\end in a matrix, found {tok.text!r}")
+            rows.append(tuple(row))
+            break
+        if self._environment() != env:
+            raise MathParseError(f"\\begin{{{env}}} closed by a different \\end")
+        if len({len(r) for r in rows}) != 1:
+            raise MathParseError("matrix rows of different lengths")
+        return Matrix(tuple(rows))
 
 
 def parse_math(text: str):
-    """Parses a normalised answer string to a sympy expression, or a tuple of them for `a, b`.
+    """Parses a normalised answer string to a sympy expression or an answer kind (`math_answers`).
 
     Raises MathParseError for anything outside the grammar or its bounds (see module docstring).
     Never calls eval/exec/sympify/parse_expr.
@@ -357,4 +463,6 @@ def parse_math(text: str):
         raise MathParseError("nesting too deep") from e
     if parser.peek() is not None:
         raise MathParseError(f"unexpected {parser.peek().text!r} after a complete answer")
+    for scalar in scalars_in(value):  # products merge powers too: x^{1000} x^{1000} is x^2000
+        bounded_degree(scalar)
     return value

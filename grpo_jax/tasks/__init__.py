@@ -1,8 +1,12 @@
-"""Tasks: built-in generators (arithmetic, Countdown), JSONL user data, and prompt templates.
+"""Tasks: built-in generators (arithmetic, Countdown), user data (JSONL or Parquet), prompt
+templates, and the eval sets shipped with grpo_jax.
 
     task = make_task("arithmetic", digits=2, reverse_answer=True)
     example = task.train_example(0)     # {"prompt": "07+45=", "answer": "25", ...}
     task.reward_fns()                   # [RewardSpec("exact_match", fn, 1.0)]
+
+    task = make_task("jsonl", path="train.parquet", answer_location="gsm8k", eval_path="gsm8k")
+    named_eval_set("math500")           # the path of the shipped MATH-500 file
 """
 
 from __future__ import annotations
@@ -12,8 +16,17 @@ import dataclasses
 from .arithmetic import ArithmeticTask
 from .base import RewardSpec, Task, batched_reward
 from .countdown import CountdownTask, check_countdown, parse_equation
-from .jsonl import JsonlTask
-from .templates import R1_SYSTEM, apply_template, plain_prompt, r1_prompt
+from .data_files import EVAL_SETS, named_eval_set
+from .jsonl import Fields, JsonlTask, read_examples
+from .templates import (
+    ANSWER_LOCATIONS,
+    R1_SYSTEM,
+    apply_template,
+    apply_template_to_messages,
+    located_answer,
+    plain_prompt,
+    r1_prompt,
+)
 
 TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl": JsonlTask}
 
@@ -35,19 +48,26 @@ def make_task(name: str, **options) -> Task:
 
 
 __all__ = [
+    "ANSWER_LOCATIONS",
+    "EVAL_SETS",
+    "R1_SYSTEM",
+    "TASKS",
     "ArithmeticTask",
     "CountdownTask",
+    "Fields",
     "JsonlTask",
-    "R1_SYSTEM",
     "RewardSpec",
-    "TASKS",
     "Task",
     "apply_template",
+    "apply_template_to_messages",
     "batched_reward",
     "check_countdown",
+    "located_answer",
     "make_task",
+    "named_eval_set",
     "parse_equation",
     "plain_prompt",
     "r1_prompt",
+    "read_examples",
     "task_options",
 ]

@@ -4,6 +4,12 @@ A task hands the trainer examples (dicts with at least "prompt" and "answer"), t
 to train on, and a stricter checker for held-out evaluation (seed Part 2, Defense 4: evaluate with a
 different check than the one you train on).
 
+A prompt is text, or a list of messages in TRL's conversational format (`[{"role": "system" |
+"user" | "assistant", "content": str}, ...]`, ending with the user's turn), which the trainer
+renders with the tokenizer's chat template and the generation prompt
+(`grpo_jax.rollout.encode_prompt`). Reward functions and checkers get the prompts as the trainer
+passes them; the built-in ones never read them, so either form works with them.
+
 Randomness is derived from hashes of (task name, seed, index), never from global state, so
 `train_example(i)` is random access: a resumed run asks for index i and gets exactly the example the
 interrupted run would have seen.
@@ -22,12 +28,14 @@ from grpo_jax.rewards import WeightedReward
 RewardSpec = WeightedReward
 
 # f(prompts, completions, **example_fields) -> one reward per completion (None: not applicable).
+# A prompt may be text or a list of messages (see the module docstring).
 RewardFn = Callable[..., list[float | None]]
 
 
 @runtime_checkable
 class Task(Protocol):
-    """The interface the trainer calls. Example dicts carry "prompt", "answer" and task fields.
+    """The interface the trainer calls. Example dicts carry "prompt" (text or messages), "answer"
+    and task fields.
 
     Optional, for tasks that read data they did not generate (JsonlTask):
     `check_prompt_lengths(count_tokens, max_tokens, on_overlong="skip") -> {"train_skipped",

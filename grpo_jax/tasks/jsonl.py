@@ -1,6 +1,14 @@
-"""User data sets from JSONL files: one JSON object per line with a question and an answer field.
+"""User data sets from JSONL or Parquet files: one row per example, with a question (or a prompt as
+text or messages) and a reference answer.
 
-Answer formats (`answer_format`):
+Fields (task options): `question_field` ("question"), `answer_field` ("answer"), `messages_field`
+("prompt"). A row with `messages_field` takes its prompt from there, as text or as messages in
+TRL's conversational format (`[{"role": "system"|"user"|"assistant", "content": ...}]`, ending with
+the user's turn); other rows need `question_field`. The template applies to either (see
+`templates.py`): with messages the example's "prompt" is the messages list, for the tokenizer's chat
+template; "question" is then the last user turn, as written in the data.
+
+Answer formats of the reference (`answer_format`):
   * "gsm8k": a worked solution ending in "#### 42"; the answer is the text after the last "####",
     thousands separators removed ("#### 1,000" -> "1000").
   * "boxed": a MATH-style solution; the answer is the content of its last \\boxed{...} (nested
@@ -8,9 +16,16 @@ Answer formats (`answer_format`):
   * "raw": the field itself (numbers become their JSON text).
   * "auto": "gsm8k" when the text holds "####", else "boxed" when it holds "\\boxed", else "raw".
 
-Split: with `eval_path` the held-out set is that file, and training drops any question that also
-appears there; otherwise a question is held out when a hash of its whitespace-normalised text is
-below `eval_fraction`. Duplicated questions therefore land on the same side.
+Where the model's answer is (`answer_location`: "boxed", "gsm8k" or "answer_tag", see
+`templates.py`): the prompt's instruction, the training accuracy reward, `eval_correct` and
+`extract_answer` all follow it; the answer is compared with the reference by value with
+`grpo_jax.rewards.math_reward`'s bounded grammar.
+
+Split: with `eval_path` (a file, or a shipped set's name: "gsm8k", "math500") the held-out set is
+that file, and training drops any question that also appears there; otherwise a question is held
+out when a hash of its whitespace-normalised text is below `eval_fraction`. Duplicated questions
+therefore land on the same side. The held-out file has its own fields: `eval_question_field`,
+`eval_answer_field`, `eval_answer_format` (a shipped set's own by default, else the training ones).
 
 Training order: `train_example(index)` reads epoch `index // n` and position `index % n` of a
 permutation drawn from (seed, epoch), so every epoch visits every training example once, in a new
@@ -27,9 +42,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from grpo_jax import rewards
@@ -45,7 +59,16 @@ from .base import (
     example_rng,
     unit_hash,
 )
-from .templates import TEMPLATES, answer_block, apply_template
+from .data_files import EVAL_SETS, named_eval_set, read_rows
+from .templates import (
+    ANSWER_LOCATIONS,
+    TEMPLATES,
+    apply_template,
+    apply_template_to_messages,
+    located_answer,
+    location_instruction,
+    messages_problem,
+)
 
 ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "raw")
 _MAX_TEXT = 20_000
@@ -99,77 +122,183 @@ def _question_key(question: str) -> str:
     return " ".join(question.split())
 
 
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Which fields of a data file's rows hold what."""
+
+    question: str = "question"
+    answer: str = "answer"
+    messages: str = "prompt"
+    answer_format: str = "auto"
+
+
+def read_examples(path: str, fields: Fields = Fields()) -> list[tuple[str, dict]]:
+    """(location, record) for each row of a JSONL or Parquet file, with "question" (text), "answer"
+    (the reference's final answer) and "prompt" (the untemplated prompt: the row's `fields.messages`,
+    text or a list of messages, else its question) filled in. Errors name the file, line or row, and
+    field."""
+    out = []
+    for row in read_rows(path):
+        record, where = row.record, row.where
+        if fields.answer not in record:
+            raise ValueError(f"{where}: missing field {fields.answer!r}; the row has fields {sorted(record)}")
+        if record.get(fields.messages) is not None:
+            raw_prompt = record[fields.messages]
+            if isinstance(raw_prompt, str):
+                if not raw_prompt.strip():
+                    raise ValueError(f"{where}: field {fields.messages!r} must be a non-empty string or "
+                                     "a list of messages")
+                question = raw_prompt
+            else:
+                problem = messages_problem(raw_prompt)
+                if problem is not None:
+                    raise ValueError(f"{where}: field {fields.messages!r}: {problem}")
+                question = raw_prompt[-1]["content"]
+        else:
+            if fields.question not in record:
+                raise ValueError(
+                    f"{where}: missing field {fields.question!r} (or {fields.messages!r} with the prompt); "
+                    f"the row has fields {sorted(record)}")
+            raw_prompt, question = None, record[fields.question]
+            if not isinstance(question, str) or not question.strip():
+                raise ValueError(f"{where}: field {fields.question!r} must be a non-empty string, got "
+                                 f"{str(question)[:80]!r}")
+        raw = record[fields.answer]
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            raise ValueError(f"{where}: field {fields.answer!r} must be a string or a number, got {raw!r}")
+        answer = extract_reference(raw if isinstance(raw, str) else json.dumps(raw), fields.answer_format)
+        if answer is None:
+            raise ValueError(
+                f"{where}: field {fields.answer!r} holds no final answer for "
+                f"answer_format={fields.answer_format!r} (gsm8k needs '#### <answer>', boxed needs "
+                f"'\\boxed{{...}}'): {str(raw)[:80]!r}"
+            )
+        prompt = question if raw_prompt is None else raw_prompt  # untemplated (JsonlTask.example)
+        out.append((row.location, {**record, "question": question, "answer": answer, "prompt": prompt}))
+    return out
+
+
 def read_jsonl(path: str, question_field: str, answer_field: str, answer_format: str) -> list[dict]:
     """Records of `path` with "question" and "answer" filled in; errors name the file and line."""
-    return [record for _, record in _read_numbered(path, question_field, answer_field, answer_format)]
+    fields = Fields(question=question_field, answer=answer_field, answer_format=answer_format)
+    return [record for _, record in read_examples(path, fields)]
 
 
-def _read_numbered(path: str, question_field: str, answer_field: str,
-                   answer_format: str) -> list[tuple[int, dict]]:
-    """(line number, record) for each record of `path`; see `read_jsonl`."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"JSONL data file not found: {path!r}")
-    records = []
-    # Bytes, decoded line by line: a text-mode file reports a bad byte as "position 243" of its
-    # read buffer, which is neither the line nor the column.
-    with open(path, "rb") as f:
-        for line_no, raw_line in enumerate(f, start=1):
-            where = f"{path}, line {line_no}"
-            if line_no == 1 and raw_line.startswith(b"\xef\xbb\xbf"):
-                raw_line = raw_line[3:]  # a UTF-8 byte-order mark (Windows editors write one)
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{where}: not UTF-8 text (byte 0x{raw_line[e.start]:02x} at byte {e.start + 1} "
-                    f"of the line: {e.reason}); re-save the file as UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            for field in (question_field, answer_field):
-                if field not in record:
-                    raise ValueError(
-                        f"{where}: missing field {field!r}; the line has fields {sorted(record)}"
-                    )
-            question, raw = record[question_field], record[answer_field]
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{where}: field {question_field!r} must be a non-empty string")
-            if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-                raise ValueError(
-                    f"{where}: field {answer_field!r} must be a string or a number, got {raw!r}"
-                )
-            answer = extract_reference(raw if isinstance(raw, str) else json.dumps(raw), answer_format)
-            if answer is None:
-                raise ValueError(
-                    f"{where}: field {answer_field!r} holds no final answer for "
-                    f"answer_format={answer_format!r} (gsm8k needs '#### <answer>', boxed needs "
-                    f"'\\boxed{{...}}'): {str(raw)[:80]!r}"
-                )
-            records.append((line_no, {**record, "question": question, "answer": answer}))
-    if not records:
-        raise ValueError(f"{path}: no examples (the file is empty)")
-    return records
+def eval_data(spec: str, fields: Fields, question_field: str | None = None, answer_field: str | None = None,
+              answer_format: str | None = None) -> tuple[str, Fields]:
+    """(path, fields) of a held-out set given as a file or a shipped set's name ("gsm8k",
+    "math500"): a shipped set brings its own fields, a file the given `fields`; the explicit
+    arguments override either."""
+    if spec in EVAL_SETS:
+        s = EVAL_SETS[spec]
+        path, fields = named_eval_set(spec), Fields(s.question_field, s.answer_field, fields.messages, s.answer_format)
+    else:
+        path = spec
+    return path, dataclasses.replace(
+        fields,
+        question=question_field if question_field is not None else fields.question,
+        answer=answer_field if answer_field is not None else fields.answer,
+        answer_format=answer_format if answer_format is not None else fields.answer_format,
+    )
+
+
+def _as_boxed(answer: str | None) -> str:
+    """`answer` as the one box math_reward reads, or "" (scores 0) when there is none or its braces
+    would let the box end early ("1} or {2" must not become the answer "1")."""
+    if answer is None:
+        return ""
+    boxed = f"\\boxed{{{answer}}}"
+    return boxed if rewards.extract_boxed(boxed) == answer.strip() else ""
+
+
+def _located_accuracy(location: str, completions: Sequence[str], answer: Sequence[str], pool) -> list[float]:
+    boxed = [_as_boxed(located_answer(c, location)) for c in completions]
+    return rewards.math_accuracy_reward([""] * len(boxed), boxed, answer=answer, pool=pool)
+
+
+def gsm8k_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
+                          pool=None, **_) -> list[float]:
+    """RewardFn: 1.0 when the completion's one "#### N" equals the reference by value, else 0.0."""
+    return _located_accuracy("gsm8k", completions, answer, pool)
+
+
+def answer_tag_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
+                               pool=None, **_) -> list[float]:
+    """RewardFn: 1.0 when the one <answer> block (a box in it unwrapped) equals the reference by value."""
+    return _located_accuracy("answer_tag", completions, answer, pool)
+
+
+_ACCURACY_REWARDS = {
+    "boxed": rewards.math_accuracy_reward,
+    "gsm8k": gsm8k_accuracy_reward,
+    "answer_tag": answer_tag_accuracy_reward,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerChecker:
+    """How a data set's prompts are built and its completions checked: the template and where the
+    model's answer is. JsonlTask's own prompts and checks; the eval command's for any data file."""
+
+    template: str = "plain"
+    answer_location: str = "boxed"
+
+    def __post_init__(self):
+        check_choice("template", self.template, TEMPLATES)
+        check_choice("answer_location", self.answer_location, ANSWER_LOCATIONS)
+
+    def example(self, record: dict[str, Any]) -> dict:
+        """A record of `read_examples` with its "prompt": the template applied to its question, or
+        to its messages (a list of messages stays a list)."""
+        instruction = location_instruction(self.answer_location, self.template)
+        raw = record.get("prompt")
+        if isinstance(raw, list):
+            prompt = apply_template_to_messages(self.template, raw, instruction)
+        else:
+            prompt = apply_template(self.template, record["question"], instruction)
+        return {**record, "prompt": prompt}
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The answer at `answer_location` (inside the <answer> block for r1), canonical for majority
+        voting.
+
+        Plain numbers become their exact fraction ("0.50", "\\frac{1}{2}", "1/2" -> "1/2"), so
+        equal values vote together; other answers are the verifier's normalisation minus spaces.
+        """
+        answer = located_answer(completion, self.answer_location, self.template, _MAX_TEXT)
+        if answer is None:
+            return None
+        normal = rewards.normalize_answer(answer)
+        value = fast_number(normal)
+        return str(value) if value is not None else re.sub(r"\s+", "", normal) or None
+
+    def eval_correct(self, completion: str, example: dict) -> bool:
+        """math_reward on the answer at `answer_location` (r1: it must sit inside the <answer> block)."""
+        answer = located_answer(completion, self.answer_location, self.template, _MAX_TEXT)
+        if answer is None:
+            return False
+        return rewards.math_reward(_as_boxed(answer), example["answer"]) == 1.0
 
 
 @dataclasses.dataclass
 class JsonlTask:
-    """Questions and reference answers from a JSONL file, with the plain or R1 template."""
+    """Questions (or prompts, as text or messages) and reference answers from a JSONL or Parquet
+    file, with the plain, R1 or no template."""
 
     name: ClassVar[str] = "jsonl"
 
     path: str = ""
     question_field: str = "question"
     answer_field: str = "answer"
+    messages_field: str = "prompt"
     answer_format: str = "auto"
     template: str = "plain"
+    answer_location: str = "boxed"
     seed: int = 0
     eval_path: str | None = None
+    eval_question_field: str | None = None
+    eval_answer_field: str | None = None
+    eval_answer_format: str | None = None
     eval_fraction: float = 0.1
     format_weight: float = 0.5  # lambda on the r1 format reward; < 1 (seed Part 3)
 
@@ -179,23 +308,33 @@ class JsonlTask:
     _train_where: list[str] = dataclasses.field(default_factory=list, init=False, repr=False)
     _eval_where: list[str] = dataclasses.field(default_factory=list, init=False, repr=False)
     _order: tuple[int, list[int]] | None = dataclasses.field(default=None, init=False, repr=False)
+    _checker: AnswerChecker = dataclasses.field(default_factory=AnswerChecker, init=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.path, str) or not self.path:
-            raise ValueError("path: give the JSONL data file, e.g. path='data/train.jsonl'")
+            raise ValueError("path: give the data file (JSONL or Parquet), e.g. path='data/train.jsonl'")
         check_choice("answer_format", self.answer_format, ANSWER_FORMATS)
-        check_choice("template", self.template, TEMPLATES)
+        if self.eval_answer_format is not None:
+            check_choice("eval_answer_format", self.eval_answer_format, ANSWER_FORMATS)
+        self._checker = AnswerChecker(self.template, self.answer_location)
+        for field in ("question_field", "answer_field", "messages_field"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field):
+                raise ValueError(f"{field}={getattr(self, field)!r}: give a field name")
+        if self.eval_path is not None and (not isinstance(self.eval_path, str) or not self.eval_path):
+            raise ValueError(f"eval_path={self.eval_path!r}: give a data file or one of {sorted(EVAL_SETS)}")
         check_int_range("seed", self.seed, 0)
         check_fraction("eval_fraction", self.eval_fraction)
         check_format_weight(self.format_weight)
-        fields = (self.question_field, self.answer_field, self.answer_format)
-        numbered = _read_numbered(self.path, *fields)
-        records = [self._example(r) for _, r in numbered]
-        where = [f"{self.path}:{n}" for n, _ in numbered]
+        fields = Fields(self.question_field, self.answer_field, self.messages_field, self.answer_format)
+        numbered = read_examples(self.path, fields)
+        records = [self.example(r) for _, r in numbered]
+        where = [w for w, _ in numbered]
         if self.eval_path is not None:
-            eval_numbered = _read_numbered(self.eval_path, *fields)
-            self._eval = [self._example(r) for _, r in eval_numbered]
-            self._eval_where = [f"{self.eval_path}:{n}" for n, _ in eval_numbered]
+            eval_path, eval_fields = eval_data(self.eval_path, fields, self.eval_question_field,
+                                               self.eval_answer_field, self.eval_answer_format)
+            eval_numbered = read_examples(eval_path, eval_fields)
+            self._eval = [self.example(r) for _, r in eval_numbered]
+            self._eval_where = [w for w, _ in eval_numbered]
             held_out = {_question_key(e["question"]) for e in self._eval}
             member = [_question_key(r["question"]) in held_out for r in records]
         else:
@@ -213,8 +352,9 @@ class JsonlTask:
                 f"({len(records)} read, eval_path={self.eval_path!r}, eval_fraction={self.eval_fraction})"
             )
 
-    def _example(self, record: dict[str, Any]) -> dict:
-        return {**record, "prompt": apply_template(self.template, record["question"])}
+    def example(self, record: dict[str, Any]) -> dict:
+        """A record of `read_examples` with its templated "prompt" (see `AnswerChecker.example`)."""
+        return self._checker.example(record)
 
     @property
     def num_train(self) -> int:
@@ -233,12 +373,12 @@ class JsonlTask:
     def eval_examples(self) -> list[dict]:
         return [dict(e) for e in self._eval]
 
-    def check_prompt_lengths(self, count_tokens: Callable[[str], int], max_tokens: int,
+    def check_prompt_lengths(self, count_tokens: Callable[[Any], int], max_tokens: int,
                              on_overlong: str = "skip") -> dict[str, int]:
         """Tokenises every training and held-out prompt once; acts on those over `max_tokens`.
 
-        count_tokens: prompt text -> its number of tokens as the sampler will see it, e.g.
-          `lambda text: len(tokenizer.encode(text))`.
+        count_tokens: a prompt (text, or a list of messages) -> its number of tokens as the sampler
+          will see it, e.g. `lambda p: len(grpo_jax.rollout.encode_prompt(tokenizer, p))`.
         max_tokens: the longest prompt the sampler takes (its largest prompt bucket).
         on_overlong: "skip" drops over-long examples from both splits (one warning with the count
           and the first few file:line locations); "error" raises a ValueError naming the first
@@ -293,34 +433,16 @@ class JsonlTask:
         return counts
 
     def extract_answer(self, completion: str) -> str | None:
-        """The single boxed answer (inside the <answer> block for r1), canonical for majority voting.
-
-        Plain numbers become their exact fraction ("0.50", "\\frac{1}{2}", "1/2" -> "1/2"), so
-        equal values vote together; other answers are the verifier's normalisation minus spaces.
-        """
-        if not isinstance(completion, str) or len(completion) > _MAX_TEXT:
-            return None
-
-        region = completion if self.template == "plain" else answer_block(completion, _MAX_TEXT)
-        if region is None or completion.count("\\boxed") != 1:
-            return None
-        boxed = rewards.extract_boxed(region)
-        if boxed is None:
-            return None
-        normal = rewards.normalize_answer(boxed)
-        value = fast_number(normal)
-        return str(value) if value is not None else re.sub(r"\s+", "", normal)
+        """The answer at `answer_location`, canonical for majority voting (`AnswerChecker`)."""
+        return self._checker.extract_answer(completion)
 
     def eval_correct(self, completion: str, example: dict) -> bool:
-        """math_reward on the completion, and (r1) the one box must sit inside the <answer> block."""
-        if self.extract_answer(completion) is None:
-            return False
-
-        return rewards.math_reward(completion, example["answer"]) == 1.0
+        """math_reward on the answer at `answer_location` (r1: inside the <answer> block)."""
+        return self._checker.eval_correct(completion, example)
 
     def reward_fns(self) -> list[RewardSpec]:
-        """plain: math accuracy; r1: accuracy + format_weight * format reward."""
-        accuracy = RewardSpec("math", rewards.math_accuracy_reward, 1.0)
-        if self.template == "plain":
+        """plain / none: accuracy at `answer_location`; r1: accuracy + format_weight * format reward."""
+        accuracy = RewardSpec("math", _ACCURACY_REWARDS[self.answer_location], 1.0)
+        if self.template != "r1":
             return [accuracy]
         return [accuracy, RewardSpec("format", rewards.format_reward_fn, float(self.format_weight))]
