@@ -42,7 +42,7 @@ import numpy as np
 log = logging.getLogger("grpo_jax")
 
 # Where the trainer keeps a run's checkpoints and what their "state" item holds
-# (train.ckpt_dir_of, checkpoint.CheckpointManager.save, train._checkpoint_state).
+# (run_state.ckpt_dir_of, checkpoint.CheckpointManager.save, run_state._checkpoint_state).
 _CHECKPOINTS, _STATE_ITEM, _PARAMS_KEY = "checkpoints", "state", "params"
 _EVAL_BATCH = 64  # questions per sampler call, as the trainer's held-out evaluation
 

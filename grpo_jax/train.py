@@ -14,7 +14,6 @@ one step's update to the next step's sampling while the host writes the previous
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -22,16 +21,14 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from grpo_jax import config as config_lib
 from grpo_jax import phases
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_context
 from grpo_jax import run_dir as run_dir_lib
-from grpo_jax import sft as sft_lib
 from grpo_jax import sharding
+from grpo_jax import run_state
 from grpo_jax import step as step_lib
 from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
@@ -98,88 +95,6 @@ class _StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         return False
-
-
-# ----------------------------------------------------------------------------------------------
-# Run state in and out of checkpoints.
-
-
-def _checkpoint_state(state: RunState) -> dict:
-    tree = {"params": state.params, "opt_state": state.opt_state}
-    if state.ref_params is not None:
-        tree["ref_params"] = state.ref_params
-    return tree
-
-
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-                                if jnp.issubdtype(x.dtype, jnp.floating)]))
-
-
-class NonFiniteStateError(RuntimeError):
-    """The run's params or optimizer state hold NaN/inf; no checkpoint is written from them."""
-
-
-def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState) -> None:
-    """Writes `state` (every process joins; Orbax writes asynchronously unless configured not to).
-
-    Never from non-finite params or optimizer state: rotating good checkpoints out for a NaN one
-    would lose the run (NonFiniteStateError instead; the earlier checkpoints stay)."""
-    tree = _checkpoint_state(state)
-    if not bool(_all_finite(tree)):
-        raise NonFiniteStateError(
-            f"step {state.step}: params or optimizer state are not finite; no checkpoint written (the previous "
-            f"ones in {ckpt_dir_of(ctx.run_dir)} are kept)"
-        )
-    meta = {"step": state.step, "data_position": state.data_position, "config": config_lib.to_dict(ctx.config)}
-    ckpt.save(state.step, tree, meta, force=True)
-
-
-def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, resume: bool,
-                  should_stop=lambda: False) -> RunState | None:
-    """The state to start from: the newest good checkpoint with `resume`, else `fresh` after the SFT
-    warm-up (if configured), with its reference copied from the warmed-up policy. None when
-    `should_stop()` ended the warm-up early (nothing is saved: a new start repeats the warm-up)."""
-    latest = ckpt.latest_step() if resume else None
-    if resume and latest is None:
-        log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(ctx.run_dir))
-    if latest is not None:
-        abstract = _checkpoint_state(fresh)
-        if ctx.uses_reference:
-            abstract["ref_params"] = step_lib.as_dtype(fresh.params, ctx.ref_dtype)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract)
-        step, tree, meta = ckpt.restore(abstract)
-        log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
-        return RunState(
-            step=step,
-            data_position=int(meta["data_position"]),
-            params=tree["params"],
-            opt_state=tree["opt_state"],
-            ref_params=tree.get("ref_params"),
-        )
-    params = fresh.params
-    if ctx.config.sft.steps > 0:
-        params, sft_stats = sft_lib.warm_up(
-            ctx.graphdef,
-            params,
-            ctx.sampler,
-            ctx.tokenizer,
-            ctx.task,
-            ctx.config.sft,
-            max_new_tokens=ctx.config.sampling.max_new_tokens,
-            seed=ctx.config.train.seed,
-            log_fn=log.info,
-            mesh=ctx.mesh,
-            should_stop=should_stop,
-        )
-        if sft_stats.get("stopped"):
-            return None
-        if ctx.processes.is_primary:
-            with open(os.path.join(ctx.run_dir, "sft.json"), "w") as f:
-                json.dump(sft_stats, f, indent=2)
-    ref_params = step_lib.frozen_copy(params, ctx.ref_dtype) if ctx.uses_reference else None
-    return dataclasses.replace(fresh, params=params, ref_params=ref_params)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,7 +209,7 @@ def run(
     ctx, fresh = run_context.build(config, task=task, tokenizer=tokenizer)
     os.makedirs(ctx.run_dir, exist_ok=True)
     ckpt = CheckpointManager(
-        ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
+        run_state.ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
     )
     writer = MetricsWriter(
         ctx.run_dir,
@@ -309,7 +224,7 @@ def run(
     state = None
     try:
         with _StopFlag() as stop:
-            state = initial_state(ctx, fresh, ckpt, resume, should_stop=lambda: stop.signal is not None)
+            state = run_state.initial_state(ctx, fresh, ckpt, resume, should_stop=lambda: stop.signal is not None)
             if state is None:
                 name = signal.Signals(stop.signal).name
                 log.warning("stopped by %s during the SFT warm-up: nothing was saved; a new start repeats it", name)
@@ -328,7 +243,7 @@ def run(
             ctx.pool.close()
 
     if state.step == config.train.steps and config.train.export_hf:
-        export_hf(ctx, state)
+        run_state.export_hf(ctx, state)
     return RunResult(ctx.run_dir, state.step, loop.history, loop.evals, params=state.params, stopped_by=stopped_by)
 
 
@@ -389,7 +304,7 @@ class _Loop:
             )
 
     def save(self, state: RunState) -> None:
-        save(self.ctx, self.ckpt, state)
+        run_state.save(self.ctx, self.ckpt, state)
         self.saved_step = state.step
 
     def save_on_error(self) -> None:
@@ -458,21 +373,3 @@ class _Loop:
             row, _ = _read_report(ctx, pending, times)
             self.write({"step": pending.step, **row})
         return state, stopped_by
-
-
-def export_hf(ctx: RunContext, state: RunState) -> None:
-    """The policy as Hugging Face safetensors in run_dir/hf: every process joins the gather of the
-    whole weights, process 0 writes them."""
-    from grpo_jax import hf
-
-    weights = ctx.processes.all_rows(state.params)
-    if ctx.processes.is_primary:
-        # From a checkpoint: its config, generation config and tokenizer files travel with the
-        # weights (a round trip); from scratch: the ids our tokenizer gives.
-        source = ctx.config.model.hf_path
-        hf.save_model(nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights)), os.path.join(ctx.run_dir, "hf"),
-                      source_dir=source, tokenizer=None if source else ctx.tokenizer)
-
-
-def ckpt_dir_of(run_dir: str) -> str:
-    return os.path.join(run_dir, "checkpoints")

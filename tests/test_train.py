@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import phases, train
+from grpo_jax import phases, run_state, train
 from grpo_jax import step as step_lib
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
@@ -354,7 +354,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run_with_finite_checkpoint
     from grpo_jax.checkpoint import CheckpointManager
     ctx, fresh = train.run_context.build(cfg, task=SevensTask())
     ckpt = CheckpointManager(tmp_path / "checkpoints")
-    restored = train.initial_state(ctx, fresh, ckpt, resume=True)
+    restored = run_state.initial_state(ctx, fresh, ckpt, resume=True)
     ckpt.close()
     assert restored.step == 3
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(restored.params))
@@ -366,8 +366,8 @@ def test_no_checkpoint_is_written_from_non_finite_params(tmp_path):
     bad = dataclasses.replace(fresh, step=1, params=jax.tree.map(lambda x: x * np.nan, fresh.params))
     from grpo_jax.checkpoint import CheckpointManager
     ckpt = CheckpointManager(tmp_path / "checkpoints")
-    with pytest.raises(train.NonFiniteStateError, match="step 1: params or optimizer state are not finite"):
-        train.save(ctx, ckpt, bad)
+    with pytest.raises(run_state.NonFiniteStateError, match="step 1: params or optimizer state are not finite"):
+        run_state.save(ctx, ckpt, bad)
     ckpt.close()
     assert not (tmp_path / "checkpoints" / "1").exists()
 
