@@ -2,6 +2,7 @@
 
 python -m grpo_jax train --config configs/arith_cpu.py [--set grpo.beta=0.04 ...] [--resume | --overwrite]
 python -m grpo_jax eval --config FILE [--checkpoint RUN_DIR | --hf DIR] --data gsm8k|math500|PATH [--limit K]
+python -m grpo_jax check --config FILE [--set ...] [--devices N] [--memory-per-device 16GiB]
 
 Exit status: 0 when the run finished, 75 (EX_TEMPFAIL: run it again with --resume) when SIGTERM,
 Ctrl-C or train.stop_after_steps stopped it after saving a checkpoint, 2 for a config or run
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -39,12 +41,22 @@ def main(argv=None) -> int:
                        help="replace a previous run in the run directory (its checkpoints and metrics are deleted)")
     train.add_argument("--allow-config-change", action="store_true",
                        help="with --resume: continue even where the config changes what the run means")
+    train.add_argument("--allow-cpu", action="store_true",
+                       help="run a config that asks for accelerators (a multi-device mesh, bf16, a checkpoint) on CPU")
     from grpo_jax import eval_command
 
     evaluate = sub.add_parser("eval", help="pass@k, maj@k and greedy accuracy of a policy on a data set",
                               description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(evaluate)
+    from grpo_jax import check_command
+
+    check = sub.add_parser("check", help="build a config abstractly and report its memory per device",
+                           description=check_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check_command.add_arguments(check)
     args = parser.parse_args(argv)
+    if args.command == "check":  # no jax.distributed, no platform check: checking a pod config here is the point
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        return check_command.run(args)
 
     from grpo_jax import sharding
 
@@ -64,6 +76,18 @@ def main(argv=None) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    import jax
+
+    from grpo_jax import platform_check
+
+    # A config that expects accelerators, started on a CPU backend (a venv without the CUDA/TPU
+    # jaxlib), would run, slowly and quietly, on the CPU: refused unless --allow-cpu.
+    verdict = platform_check.backend_verdict(platform_check.accelerator_expected(config), jax.default_backend(),
+                                             allow_cpu=args.allow_cpu, jax_platforms=os.environ.get("JAX_PLATFORMS"))
+    if verdict is not None:
+        print(verdict.message, file=sys.stderr)
+        if verdict.action == "refuse":
+            return 2
     from grpo_jax import report
     from grpo_jax.run_dir import RunDirError
 

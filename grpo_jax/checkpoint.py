@@ -38,6 +38,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from grpo_jax import run_paths
+
 log = logging.getLogger(__name__)
 
 CORRUPT_SUBDIR = "corrupt"
@@ -78,7 +80,8 @@ class CheckpointManager:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         if save_interval_steps < 1:
             raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
-        self.directory = Path(directory).expanduser().absolute()
+        # etils.epath (Orbax's own path type): a local directory or object storage (gs://...).
+        self.directory = run_paths.as_path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise NotADirectoryError(
                 f"checkpoint directory {self.directory} exists but is a file; pass a directory path"
@@ -143,7 +146,7 @@ class CheckpointManager:
         dst_dir = self.directory / CORRUPT_SUBDIR
         dst_dir.mkdir(exist_ok=True)
         dst = dst_dir / f"{step}-{int(time.time())}"
-        os.replace(src, dst)
+        src.rename(dst)
         return dst
 
     # -- public API ------------------------------------------------------------------------

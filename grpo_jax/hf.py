@@ -97,7 +97,7 @@ def _number(hf_config: dict[str, Any], key: str, kind: type = int):
 
 
 def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
-                   param_dtype: str | None = None) -> ModelConfig:
+                   param_dtype: str | None = None, remat: bool = False) -> ModelConfig:
     """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors."""
     arch = architecture_of(hf_config)
     act = hf_config.get("hidden_act", "silu")
@@ -132,6 +132,7 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
         qk_norm=arch == "Qwen3ForCausalLM",
         param_dtype=param_dtype or dtype,
         dtype=dtype,
+        remat=remat,
     )
 
 
@@ -228,7 +229,7 @@ def _get(tree: dict, path: tuple):
 
 
 def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
-               param_dtype: str | None = None) -> Transformer:
+               param_dtype: str | None = None, remat: bool = False) -> Transformer:
     """Reads an HF checkpoint directory into a Transformer; model(tokens_BxT) -> logits_BxTxV.
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the weights' dtype too.
@@ -237,7 +238,7 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
     path = pathlib.Path(path)
     hf_config = read_config(path)
     try:
-        config = config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype)
+        config = config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=remat)
     except (KeyError, TypeError, ValueError) as e:  # a field missing or of the wrong type
         detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         raise ValueError(f"{path / 'config.json'}: {detail}") from None

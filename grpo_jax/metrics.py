@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_jax import scalar_sinks
+from grpo_jax import run_paths, scalar_sinks
 
 import numpy as np
 
@@ -68,21 +68,18 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _open_append(path: Path):
-    """``open(path, "a")`` for JSON lines, first ending a line that a crash cut off mid-write.
+def _open_append(path):
+    """A JSON-lines file to append to (local or object storage: `run_paths.open_lines`), first
+    ending a line that a crash cut off mid-write.
 
     Without the newline, a resumed run's first record would be glued onto the fragment and the
     line would be lost for every reader (``{"step": 2, "rew{"step": 2, "reward": 0.6}``).
     """
-    fh = open(path, "a", encoding="utf-8")
-    if fh.tell() > 0:  # "a" positions at the end of the file
-        with open(path, "rb") as tail:
-            tail.seek(-1, 2)
-            cut_off = tail.read(1) != b"\n"
-        if cut_off:
-            log.warning("%s ends in a line cut off mid-write (a crash); appending from a new line, "
-                        "readers skip the fragment", path)
-            fh.write("\n")
+    fh = run_paths.open_lines(path)
+    if not fh.ends_with_newline():
+        log.warning("%s ends in a line cut off mid-write (a crash); appending from a new line, "
+                    "readers skip the fragment", path)
+        fh.write("\n")
     return fh
 
 
@@ -118,7 +115,7 @@ class MetricsWriter:
     ):
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_paths.as_path(run_dir)
         self.total_steps = total_steps
         self.console = console
         self.key_metrics = tuple(key_metrics)
@@ -285,14 +282,14 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     and, in files written before that, a cut-off fragment with the resumed run's first record
     glued on (that record is kept). Any other bad line is an error naming the file and line.
     """
-    run_dir = Path(run_dir)
+    run_dir = run_paths.as_path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist (expected a directory holding {METRICS_FILE})")
     path = run_dir / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"metrics file {path} does not exist; MetricsWriter.write creates it")
     # "replace": a stray byte becomes U+FFFD and fails on its own line, which the error then names.
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     records = []
     for lineno, line in enumerate(lines, start=1):

@@ -110,8 +110,11 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
     data_position = state.data_position + B
     rounds, pending = [], first
     while True:
-        ro = rollout_lib.score_rollout(pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
-                                       timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop)
+        # A reward function's error (or timeout) on one process stops every process here.
+        ro = processes.agreed(lambda: rollout_lib.score_rollout(
+            pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
+            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop),
+            f"scoring step {step}'s rewards")
         rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
         rounds.append((ro, {
             "rewards": processes.gather(rewards),

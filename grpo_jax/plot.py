@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from grpo_jax import run_paths
 from grpo_jax.metrics import metric_series, read_metrics
 
 # panel file name -> (title, y label, metric names or regexes); raw noisy curves get a moving average.
@@ -54,18 +55,18 @@ def _expand(patterns: Sequence[str], names: Sequence[str]) -> list[str]:
     return out
 
 
-def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, *, smooth: int = 10) -> list[Path]:
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, *, smooth: int = 10) -> list:
     """Writes one PNG per panel that has data; returns the written paths.
 
     Raises FileNotFoundError (naming the path) when ``run_dir`` or its metrics.jsonl is missing,
     and ValueError when the file holds no metrics at all.
     """
-    run_dir = Path(run_dir)
+    run_dir = run_paths.as_path(run_dir)  # a local directory or object storage (gs://...)
     records = read_metrics(run_dir)
     names = sorted({k for r in records for k in r if k != "step"})
     if not names:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no metrics to plot")
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    out_dir = run_paths.as_path(out_dir) if out_dir is not None else run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
 
     written = []
@@ -94,7 +95,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, *, smooth: 
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{file_stem}.png"
-        fig.savefig(path)
+        with path.open("wb") as f:
+            fig.savefig(f, format="png")
         written.append(path)
     return written
 

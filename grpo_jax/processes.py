@@ -9,6 +9,8 @@ and computes the same advantages, minibatches and metrics. The only crossings ar
     prompt_slice   which of a batch's prompts this process samples
     gather         this process's host rows -> every process's, in process order
     sum            a host array summed over processes (per-question counts in evaluation)
+    any            a flag true on any process (a SIGTERM that reached only some of them)
+    agreed         a host function whose error on one process is raised on every process
     to_global      host rows known on every process -> one global array, rows over (data, fsdp)
     local_rows     a global row-sharded array -> this process's rows on the host
     all_rows       a global array -> the whole array on this host
@@ -27,7 +29,7 @@ from grpo_jax import sharding
 
 @dataclasses.dataclass(frozen=True)
 class Processes:
-    mesh: Mesh
+    mesh: Mesh | None = None
 
     @property
     def count(self) -> int:
@@ -60,6 +62,31 @@ class Processes:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(x)).sum(axis=0)
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when `flag` is true on at least one: decisions that must agree
+        (stop after this step) are taken from it, so no process waits alone at the next gather."""
+        if self.count == 1:
+            return bool(flag)
+        return bool(self.sum(np.array([int(bool(flag))], np.int32))[0] > 0)
+
+    def agreed(self, fn, what: str):
+        """fn() on this process; if it raises on any process it raises on all of them, so none goes
+        on alone to the next gather and waits there for good. The failing process raises its own
+        error; the others a `RuntimeError` naming it (its log has the traceback)."""
+        error = None
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the agreement
+            error = e
+        if self.count > 1:
+            failed = np.flatnonzero(self.gather(np.array([int(error is not None)], np.int32)))
+            if error is None and failed.size:
+                raise RuntimeError(f"{what} failed on process(es) {failed.tolist()} (see that process's log); "
+                                   f"process {self.index} stops with it")
+        if error is not None:
+            raise error
+        return result
 
     def to_global(self, tree, row_axis: int = 0):
         """Host arrays holding every row (the same on every process) -> global arrays with rows

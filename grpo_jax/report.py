@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import jax
 
 from grpo_jax import config as config_lib
+from grpo_jax import run_paths
 from grpo_jax import train
 
 
@@ -28,7 +28,7 @@ def run_evaluations(run_dir: str) -> list[dict]:
     written for a step wins), in step order."""
     from grpo_jax.metrics import read_metrics
 
-    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+    if not (run_paths.as_path(run_dir) / "metrics.jsonl").is_file():
         return []
     rows = {r["step"]: r for r in read_metrics(run_dir) if "eval/pass@1" in r}
     return [rows[step] for step in sorted(rows)]
@@ -42,14 +42,13 @@ def run_and_report(config: config_lib.Config, **run_kwargs) -> train.RunResult:
         return result  # another process's, or stopped before any step: nothing to report
     table = before_after_table(run_evaluations(result.run_dir) or result.evals)
     print("\n" + table + "\n")
-    with open(os.path.join(result.run_dir, "summary.md"), "w") as f:
-        f.write(table + "\n")
-    if os.path.exists(os.path.join(result.run_dir, "sft.json")):
-        with open(os.path.join(result.run_dir, "sft.json")) as f:
-            sft = json.load(f)
+    run_dir = run_paths.as_path(result.run_dir)
+    (run_dir / "summary.md").write_text(table + "\n")
+    if (run_dir / "sft.json").exists():
+        sft = json.loads((run_dir / "sft.json").read_text())
         print(f"SFT warm-up: {sft['steps']} steps in {sft['seconds']:.1f} s")
     from grpo_jax import plot
 
     written = plot.plot_run(result.run_dir)
-    print(f"plots: {os.path.join(result.run_dir, 'plots')} ({len(written)} files)")
+    print(f"plots: {run_dir / 'plots'} ({len(written)} files)")
     return result

@@ -17,6 +17,7 @@ from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import optim
 from grpo_jax import rollout as rollout_lib
+from grpo_jax import run_paths
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
 from grpo_jax.processes import Processes
@@ -45,7 +46,7 @@ class RunState:
 @dataclasses.dataclass(frozen=True)
 class RunContext:
     config: config_lib.Config
-    run_dir: str
+    run_dir: Any  # etils.epath.Path: a local directory or object storage (gs://...)
     tokenizer: Any
     task: Any
     mesh: jax.sharding.Mesh
@@ -93,7 +94,7 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         from grpo_jax import hf  # only needed for real checkpoints
 
         try:
-            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype)
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
         check_vocab(model.config.vocab_size, tokenizer, f"model.hf_path={m.hf_path!r}'s config.json", m)
@@ -101,7 +102,15 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
     check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
-    model_config = model_lib.ModelConfig(
+    model_config = model_config_from_section(m, vocab)
+    graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
+    return model_config, graphdef, params
+
+
+def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_lib.ModelConfig:
+    """The ModelConfig of a fresh model from the `model.*` shape fields (no `hf_path`), with
+    `vocab` rows of embedding (`model.vocab_size`, else the tokenizer's); `check` uses it too."""
+    return model_lib.ModelConfig(
         vocab_size=vocab,
         hidden_size=m.hidden_size,
         intermediate_size=m.intermediate_size,
@@ -116,9 +125,8 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         qk_norm=m.qk_norm,
         param_dtype=m.param_dtype,
         dtype=m.dtype,
+        remat=m.remat,
     )
-    graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
-    return model_config, graphdef, params
 
 
 def check_vocab(model_vocab: int, tokenizer, where: str, m: config_lib.ModelSection) -> None:
@@ -172,10 +180,11 @@ def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
             f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
             f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
         )
-    if g.dynamic_sampling:
-        raise config_lib.ConfigError("grpo.dynamic_sampling is not supported on several processes yet")
-    if config.sft.steps > 0:
-        raise config_lib.ConfigError("sft.steps > 0 (SFT warm-up) is not supported on several processes yet")
+    if config.sft.steps > 0 and config.sft.batch_size % multiple:
+        raise config_lib.ConfigError(
+            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp = {multiple} devices "
+            "on several processes (each process feeds its devices' rows)"
+        )
 
 
 def configured_tokenizer(config: config_lib.Config):
@@ -247,7 +256,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
         pool = VerifierPool(t_cfg.verifier_workers)
     context = RunContext(
         config=config,
-        run_dir=os.path.abspath(t_cfg.run_dir),
+        run_dir=run_paths.as_path(t_cfg.run_dir),
         tokenizer=tokenizer,
         task=task,
         mesh=mesh,

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from typing import Any
 
 from grpo_jax import config as config_lib
+from grpo_jax import run_paths
 
 log = logging.getLogger("grpo_jax")
 
@@ -55,18 +54,21 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked; the message says what would work."""
 
 
-def previous_run(run_dir: str) -> list[str]:
-    """What in `run_dir` belongs to an earlier run (empty for a new or empty directory)."""
-    if not os.path.isdir(run_dir):
+def previous_run(run_dir) -> list[str]:
+    """What in `run_dir` (local or object storage) belongs to an earlier run (empty for a new or
+    empty directory)."""
+    run_dir = run_paths.as_path(run_dir)
+    if not run_dir.is_dir():
         return []
     found = []
-    ckpt = os.path.join(run_dir, "checkpoints")
-    if os.path.isdir(ckpt):
-        steps = sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+    ckpt = run_dir / "checkpoints"
+    if ckpt.is_dir():
+        steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
         if steps:
             found.append(f"checkpoints at steps {steps}")
     for name in ("metrics.jsonl", "samples.jsonl"):
-        if os.path.isfile(os.path.join(run_dir, name)) and os.path.getsize(os.path.join(run_dir, name)) > 0:
+        path = run_dir / name
+        if path.is_file() and path.stat().length > 0:
             found.append(name)
     return found
 
@@ -96,7 +98,7 @@ def is_operational(key: str) -> bool:
     return any(key == f or (f.endswith(".") and key.startswith(f)) for f in OPERATIONAL_FIELDS)
 
 
-def prepare(config: config_lib.Config, run_dir: str, *, resume: bool, overwrite: bool,
+def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool,
             allow_config_change: bool, primary: bool) -> None:
     """Checks `run_dir` for this run (RunDirError naming what to do), and with `overwrite` removes
     the previous run's files. Nothing is written here; config.json is written by the caller once
@@ -113,26 +115,25 @@ def prepare(config: config_lib.Config, run_dir: str, *, resume: bool, overwrite:
             )
         if primary:
             for name in RUN_FILES:
-                path = os.path.join(run_dir, name)
-                if os.path.isdir(path):
-                    shutil.rmtree(path)
-                elif os.path.exists(path):
-                    os.remove(path)
+                path = run_paths.as_path(run_dir) / name
+                if path.is_dir():
+                    path.rmtree()
+                elif path.exists():
+                    path.unlink()
             log.warning("--overwrite: removed the previous run in %s (%s)", run_dir, ", ".join(found))
     if resume:
         check_resumed_config(config, run_dir, allow_config_change=allow_config_change)
 
 
-def check_resumed_config(config: config_lib.Config, run_dir: str, *, allow_config_change: bool) -> None:
+def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_change: bool) -> None:
     """Compares run_dir/config.json (the run's config when it started) with `config`."""
-    path = os.path.join(run_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
+    path = run_paths.as_path(run_dir) / CONFIG_FILE
+    if not path.is_file():
         if previous_run(run_dir):
             log.warning("--resume: %s has no %s; the config cannot be compared with the run's", run_dir, CONFIG_FILE)
         return
     try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
     diffs = config_differences(saved, config_lib.to_dict(config))
@@ -151,10 +152,14 @@ def check_resumed_config(config: config_lib.Config, run_dir: str, *, allow_confi
         log.warning("--resume --allow-config-change: %s %r -> %r", key, old, new)
 
 
-def write_config(config: config_lib.Config, run_dir: str) -> None:
-    """config.json: the config this run (or resumed run) runs with, written atomically."""
-    path = os.path.join(run_dir, CONFIG_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(config_lib.to_dict(config), f, indent=2)
-    os.replace(tmp, path)
+def write_config(config: config_lib.Config, run_dir) -> None:
+    """config.json: the config this run (or resumed run) runs with (written whole, then renamed
+    into place on a local disk; one object write on object storage)."""
+    path = run_paths.as_path(run_dir) / CONFIG_FILE
+    text = json.dumps(config_lib.to_dict(config), indent=2)
+    if not run_paths.is_local(path):
+        path.write_text(text, encoding="utf-8")
+        return
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

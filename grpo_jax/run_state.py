@@ -10,12 +10,15 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 from flax import nnx
 
 from grpo_jax import config as config_lib
+from grpo_jax import run_paths
 from grpo_jax import sft as sft_lib
 from grpo_jax import step as step_lib
 from grpo_jax.checkpoint import CheckpointManager
@@ -94,12 +97,12 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             log_fn=log.info,
             mesh=ctx.mesh,
             should_stop=should_stop,
+            processes=ctx.processes,
         )
         if sft_stats.get("stopped"):
             return None
         if ctx.processes.is_primary:
-            with open(os.path.join(ctx.run_dir, "sft.json"), "w") as f:
-                json.dump(sft_stats, f, indent=2)
+            (ctx.run_dir / "sft.json").write_text(json.dumps(sft_stats, indent=2))
     ref_params = step_lib.frozen_copy(params, ctx.ref_dtype) if ctx.uses_reference else None
     return dataclasses.replace(fresh, params=params, ref_params=ref_params)
 
@@ -114,9 +117,20 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
         # From a checkpoint: its config, generation config and tokenizer files travel with the
         # weights (a round trip); from scratch: the ids our tokenizer gives.
         source = ctx.config.model.hf_path
-        hf.save_model(nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights)), os.path.join(ctx.run_dir, "hf"),
-                      source_dir=source, tokenizer=None if source else ctx.tokenizer)
+        model = nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights))
+        target = ctx.run_dir / "hf"
+        if run_paths.is_local(target):
+            hf.save_model(model, os.fspath(target), source_dir=source, tokenizer=None if source else ctx.tokenizer)
+            return
+        # Object storage: written on the local disk, then copied file by file.
+        with tempfile.TemporaryDirectory(prefix="grpo_jax_hf_") as local:
+            hf.save_model(model, local, source_dir=source, tokenizer=None if source else ctx.tokenizer)
+            for path in epath.Path(local).rglob("*"):
+                if path.is_file():
+                    dst = target / os.fspath(path.relative_to(local))
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    path.copy(dst, overwrite=True)
 
 
-def ckpt_dir_of(run_dir: str) -> str:
-    return os.path.join(run_dir, "checkpoints")
+def ckpt_dir_of(run_dir):
+    return run_paths.as_path(run_dir) / "checkpoints"

@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from grpo_jax import sharding
 from grpo_jax.model import KVCache, ModelConfig, default_positions
+from grpo_jax.model.config import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,10 +435,11 @@ class Sampler:
                 # decode layout, rows over ("data", "fsdp") in and out, the key and row offset whole.
                 params_sh, state_sh = self._param_shardings, self._state_shardings()
                 rows, whole = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
-                fns = (jax.jit(prefill_fn, in_shardings=(params_sh, rows, rows), out_shardings=(state_sh, rows)),
-                       jax.jit(decode_fn, in_shardings=(params_sh, state_sh, whole, whole),
-                               out_shardings=(state_sh, (rows,) * 5), donate_argnums=donate,
-                               compiler_options=options))
+                fns = (sharding.MeshJit(jax.jit(prefill_fn, in_shardings=(params_sh, rows, rows),
+                                                out_shardings=(state_sh, rows)), self.mesh),
+                       sharding.MeshJit(jax.jit(decode_fn, in_shardings=(params_sh, state_sh, whole, whole),
+                                                out_shardings=(state_sh, (rows,) * 5), donate_argnums=donate,
+                                                compiler_options=options), self.mesh))
             self._compiled[key] = fns
         return self._compiled[key]
 
@@ -473,7 +475,7 @@ class Sampler:
             if self._param_shardings is None:
                 self._param_shardings = sharding.decode_param_shardings(self.mesh, params)
             # Once per call, not once per token: weights whole along fsdp (a no-op if already so).
-            params = sharding.decode_params(self.mesh, params)
+            params = sharding.decode_params(self.mesh, params, dtype=DTYPES[self.config.dtype])
         one_device = self.mesh is None or self.mesh.size == 1
         # Equal parts (one compiled program): the largest part count <= threads dividing the rows.
         parts = max(k for k in range(1, min(self.threads if one_device else 1, m) + 1) if m % k == 0)

@@ -48,13 +48,13 @@ class TensorBoardSink:
 class WandbSink:
     """Scalars to Weights & Biases under their metrics.jsonl names."""
 
-    def __init__(self, run_dir: Path, project: str, config: dict | None):
+    def __init__(self, run_dir: str, local_dir: Path, project: str, config: dict | None):
         import wandb  # type: ignore[import-not-found]
 
-        (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
-                              config=config)
+        (local_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        run_id = hashlib.sha1(run_dir.encode()).hexdigest()[:16]
+        name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=str(local_dir), config=config)
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=int(step))
@@ -63,19 +63,30 @@ class WandbSink:
         self.run.finish()
 
 
-def open_sinks(report_to: Sequence[str], run_dir: Path, *, wandb_project: str = "grpo_jax",
+def open_sinks(report_to: Sequence[str], run_dir, *, wandb_project: str = "grpo_jax",
                config: dict | None = None) -> list[ScalarSink]:
     """The sinks `report_to` names that are installed; a missing package is one log line, not an
-    error (metrics.jsonl always has everything)."""
+    error (metrics.jsonl always has everything). A run_dir on object storage (`gs://...`) keeps
+    TensorBoard off (its event files are local) and gives W&B a local temp dir for its files."""
+    import os
+    import tempfile
+
+    run_dir_text = os.fspath(run_dir)
+    local = "://" not in run_dir_text
+    local_dir = Path(run_dir_text) if local else Path(tempfile.mkdtemp(prefix="grpo_jax_wandb_"))
     sinks: list[ScalarSink] = []
     for name in report_to:
         if name not in REPORT_TO:
             raise ValueError(f"report_to: unknown sink {name!r}; choose from {list(REPORT_TO)}")
         try:
             if name == "tensorboard":
-                sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                if not local:
+                    log.info("TensorBoard off for a run_dir on object storage (%s): use wandb, or metrics.jsonl",
+                             run_dir_text)
+                    continue
+                sinks.append(TensorBoardSink(local_dir / "tensorboard"))
             else:
-                sinks.append(WandbSink(run_dir, wandb_project, config))
+                sinks.append(WandbSink(run_dir_text, local_dir, wandb_project, config))
         except ImportError:
             extra = "tensorboard" if name == "tensorboard" else "wandb"
             log.info("%s off: install it (pip install 'grpo_jax[%s]') to enable it", name, extra)

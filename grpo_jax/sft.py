@@ -20,6 +20,7 @@ from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import rollout
 from grpo_jax import sharding
+from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
 
 # SFT examples come from their own index range of the task's training stream, so the warm-up and the
@@ -72,28 +73,33 @@ def make_sft_step(graphdef, tx):
     return step
 
 
-def greedy_accuracy(sampler: Sampler, params, tokenizer, task, examples, *, max_new_tokens: int) -> float:
+def greedy_accuracy(sampler: Sampler, params, tokenizer, task, examples, *, max_new_tokens: int,
+                    processes: Processes | None = None) -> float:
     """Fraction of `examples` whose greedy answer passes the task's checker.
 
     On a mesh the sampler splits rows over data x fsdp, so the batch is padded with repeats of the
-    last example to a multiple of that (the repeats are not counted)."""
+    last example to a multiple of that (the repeats are not counted). Several processes: each
+    answers its slice and the hits are summed over processes."""
+    processes = processes or Processes()
     mesh = getattr(sampler, "mesh", None)
     multiple = sharding.batch_size_multiple(mesh) if mesh is not None else 1
     padded = list(examples) + [examples[-1]] * (-len(examples) % multiple)
+    local = processes.prompt_slice(len(padded))
     out = sampler(
         params,
-        [rollout.encode_prompt(tokenizer, ex["prompt"]) for ex in padded],
+        [rollout.encode_prompt(tokenizer, ex["prompt"]) for ex in padded[local]],
         num_samples=1,
         sampling=SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
         rng=jax.random.PRNGKey(0),
     )
-    tokens, lengths = np.asarray(out.tokens_BxC), np.asarray(out.mask_BxC).sum(1)
-    truncated = np.asarray(out.truncated_B).astype(bool)
-    hits = [
-        not truncated[i] and task.eval_correct(tokenizer.decode(tokens[i, : lengths[i]]), ex)
-        for i, ex in enumerate(examples)
-    ]
-    return float(np.mean(hits))
+    tokens = sharding.process_rows(out.tokens_BxC)
+    lengths = sharding.process_rows(out.mask_BxC).sum(1)
+    truncated = sharding.process_rows(out.truncated_B).astype(bool)
+    hits = np.zeros(len(examples), np.int32)
+    for row, i in enumerate(range(local.start, min(local.stop, len(examples)))):
+        ok = not truncated[row] and task.eval_correct(tokenizer.decode(tokens[row, : lengths[row]]), examples[i])
+        hits[i] = int(bool(ok))
+    return float(np.mean(processes.sum(hits)))
 
 
 def warm_up(
@@ -109,12 +115,15 @@ def warm_up(
     log_fn: Callable[[str], None] = print,
     mesh=None,
     should_stop: Callable[[], bool] = lambda: False,
+    processes: Processes | None = None,
 ):
     """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats).
 
-    With `mesh`, each batch's rows are split over ("data", "fsdp") like the GRPO update's (one
-    process; a batch that does not divide is replicated). `should_stop()` true (SIGTERM, Ctrl-C)
-    ends the warm-up after the current step; the stats then say "stopped": True."""
+    With `mesh`, each batch's rows are split over ("data", "fsdp") like the GRPO update's (a batch
+    that does not divide is replicated on one process). Several processes (`processes`) draw the
+    same batches and each feeds its devices' rows. `should_stop()` true on any process (SIGTERM,
+    Ctrl-C) ends the warm-up after the current step on all of them; the stats then say "stopped"."""
+    processes = processes or Processes(mesh)
     tx = optax.adamw(sft.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
     opt_state = tx.init(params)
     step_fn = make_sft_step(graphdef, tx)
@@ -122,12 +131,13 @@ def warm_up(
     valid = [task.train_example(_VALID_OFFSET + i) for i in range(sft.eval_size)]
     history = []
     t0 = time.perf_counter()
-    acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens)
+    acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens,
+                          processes=processes)
     history.append({"step": 0, "valid_greedy_accuracy": acc})
     log_fn(f"sft step 0: validation greedy accuracy {acc:.3f}")
     step = 0
     for step in range(1, sft.steps + 1):
-        if should_stop():
+        if processes.any(should_stop()):
             log_fn(f"sft: stopped before step {step}")
             return params, {"steps": step - 1, "seconds": time.perf_counter() - t0, "history": history,
                             "stopped": True}
@@ -135,11 +145,11 @@ def warm_up(
         batch = [task.train_example(_SFT_OFFSET + start + i) for i in range(sft.batch_size)]
         tokens, attention, answer_mask = sft_batch(tokenizer, batch, max_answer_tokens=max_new_tokens)
         if mesh is not None and len(batch) % sharding.batch_size_multiple(mesh) == 0:
-            tokens, attention, answer_mask = jax.device_put((tokens, attention, answer_mask),
-                                                            sharding.batch_sharding(mesh))
+            tokens, attention, answer_mask = processes.to_global((tokens, attention, answer_mask))
         params, opt_state, loss = step_fn(params, opt_state, tokens, attention, answer_mask)
         if step % sft.eval_every == 0 or step == sft.steps:
-            acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens)
+            acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens,
+                                  processes=processes)
             history.append({"step": step, "loss": float(loss), "valid_greedy_accuracy": acc})
             log_fn(f"sft step {step}: loss {float(loss):.4f}, validation greedy accuracy {acc:.3f}")
             if sft.target_accuracy and acc >= sft.target_accuracy:

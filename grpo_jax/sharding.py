@@ -148,25 +148,31 @@ def decode_param_shardings(mesh: Mesh, params):
                         is_leaf=_is_spec)
 
 
-def decode_params(mesh: Mesh, params, dtype=None):
-    """The sampler's copy of the policy: `decode_param_shardings`, cast to `dtype` if given.
+def decode_copy_is_separate(mesh: Mesh, params) -> bool:
+    """Whether the sampler's layout differs from the params' (fsdp > 1: weights whole along fsdp),
+    so `decode_params` makes a second copy rather than passing the params through."""
+    return not all(d.is_equivalent_to(x.sharding, x.ndim)
+                   for d, x in zip(jax.tree.leaves(decode_param_shardings(mesh, params)), jax.tree.leaves(params)))
 
-    `jax.device_put` moves each weight device to device (an all-gather along fsdp for the training
-    layout) and leaves one already in the decode layout as it is. The model casts every weight to
-    its compute dtype before use, so a copy already in that dtype (bfloat16 for a bf16 model)
-    samples exactly the same tokens at half the bytes of float32.
+
+def decode_params(mesh: Mesh, params, dtype=None):
+    """The sampler's copy of the policy: `decode_param_shardings`, its floating weights in `dtype`.
+
+    `dtype` applies only where a separate copy is made anyway (`decode_copy_is_separate`): then it
+    costs no memory beyond the copy, and is cast before the gather, so the all-gather moves (and
+    each device holds) the compute dtype's bytes: half of float32's for bfloat16. The model casts
+    every weight to its compute dtype before use, so the copy samples exactly the same tokens.
+    `jax.device_put` moves each weight device to device and leaves one already in place as it is.
     """
     import jax.numpy as jnp
 
     shardings = decode_param_shardings(mesh, params)
-    params = jax.device_put(params, shardings)
-    if dtype is None:
-        return params
-
-    def cast(tree):
-        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-    return jax.jit(cast, out_shardings=shardings)(params)
+    if dtype is not None and decode_copy_is_separate(mesh, params):
+        in_shardings = jax.tree.map(lambda x: x.sharding, params)
+        params = jax.jit(lambda tree: jax.tree.map(
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree),
+            out_shardings=in_shardings)(params)
+    return jax.device_put(params, shardings)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -248,6 +254,22 @@ def put_sharded(tree, shardings):
     return jax.jit(lambda t: t, out_shardings=shardings)(tree)
 
 
+class MeshJit:
+    """A jitted function traced, lowered and run under `jax.set_mesh(mesh)`, so the model's row
+    constraints (`model.kernels.constrain_rows`) see the mesh. Calls and `.lower(...)` as jit's."""
+
+    def __init__(self, jitted: Callable, mesh: Mesh):
+        self.jitted, self.mesh = jitted, mesh
+
+    def __call__(self, *args, **kwargs):
+        with jax.set_mesh(self.mesh):
+            return self.jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*args, **kwargs)
+
+
 def shard_update_fn(update_fn: Callable, mesh: Mesh, params, opt_state, *, row_axis: int = 1):
     """`update_fn(params, opt_state, batch) -> (params, opt_state, metrics)` jitted for the mesh.
 
@@ -258,8 +280,8 @@ def shard_update_fn(update_fn: Callable, mesh: Mesh, params, opt_state, *, row_a
     """
     p_sh = param_shardings(mesh, params)
     o_sh = opt_state_shardings(mesh, opt_state, params)
-    return jax.jit(update_fn, in_shardings=(p_sh, o_sh, batch_sharding(mesh, row_axis)),
-                   out_shardings=(p_sh, o_sh, replicated(mesh)), donate_argnums=(0, 1))
+    return MeshJit(jax.jit(update_fn, in_shardings=(p_sh, o_sh, batch_sharding(mesh, row_axis)),
+                           out_shardings=(p_sh, o_sh, replicated(mesh)), donate_argnums=(0, 1)), mesh)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -271,11 +271,14 @@ def make_logprob_fn(
         if params is None:
             raise ValueError("make_logprob_fn: a mesh needs `params` (for the weights' shardings)")
         rows = sharding.batch_sharding(mesh)
-        jitted = jax.jit(
-            logprobs,
-            static_argnums=3,
-            in_shardings=(sharding.param_shardings(mesh, params), rows, rows),
-            out_shardings=rows,
+        jitted = sharding.MeshJit(
+            jax.jit(
+                logprobs,
+                static_argnums=3,
+                in_shardings=(sharding.param_shardings(mesh, params), rows, rows),
+                out_shardings=rows,
+            ),
+            mesh,
         )
 
     def call(params, tokens, attention, *, num_targets: int):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
 import time
 from typing import Any
@@ -28,7 +27,7 @@ from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_context
 from grpo_jax import run_dir as run_dir_lib
 from grpo_jax import sharding
-from grpo_jax import run_state
+from grpo_jax import run_paths, run_state
 from grpo_jax import step as step_lib
 from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
@@ -163,7 +162,7 @@ def _read_report(ctx: RunContext, pending: _PendingReport, times: ReadyTimes) ->
         update_dispatched_at=pending.update_dispatched_at,
         update_ready_at=update_ready_at,
     )
-    if pending.step > 2 and pending.compiles:
+    if pending.compiles:
         log.warning(
             "step %d recompiled %d XLA program(s); shapes changed after warm-up (prompt length bucket or batch "
             "shape)",
@@ -199,7 +198,7 @@ def run(
     global _COMPILES
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
-    run_dir = os.path.abspath(config.train.run_dir)
+    run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
     run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
                         primary=jax.process_index() == 0)
     if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
@@ -207,7 +206,8 @@ def run(
 
         multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
     ctx, fresh = run_context.build(config, task=task, tokenizer=tokenizer)
-    os.makedirs(ctx.run_dir, exist_ok=True)
+    if ctx.processes.is_primary:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = CheckpointManager(
         run_state.ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
     )
@@ -335,9 +335,11 @@ class _Loop:
             if pending is not None:  # step N-1's row, read while the devices sample step N
                 row, device_free_at = _read_report(ctx, pending, times)
                 self.write({"step": pending.step, **row})
+            # One process alone must not leave a step early: the others would wait at its gathers.
+            # Several processes therefore stop at step boundaries only, all together (below).
+            interrupt = (lambda: stop.signal is not None) if ctx.processes.count == 1 else None
             try:
-                state, pending = grpo_step(ctx, state, first_round, device_free_at, times,
-                                           should_stop=lambda: stop.signal is not None)
+                state, pending = grpo_step(ctx, state, first_round, device_free_at, times, should_stop=interrupt)
             except RewardInterrupted:
                 # A reward function was still running: the step is dropped, the last one is saved.
                 stopped_by = signal.Signals(stop.signal).name
@@ -347,12 +349,14 @@ class _Loop:
                             step, stopped_by, state.step)
                 return state, stopped_by
             self.state = state
-            pending.compiles = _COMPILES.count - compiles_before
+            # The first steps of this process compile (resumed runs too); later compiles are reported.
+            pending.compiles = _COMPILES.count - compiles_before if step - start_step > 2 else 0
 
             if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
                 self.writer.write_samples(step, pending.batch.samples)
-            if stop.signal is not None:
-                stopped_by = signal.Signals(stop.signal).name
+            # A preempted TPU VM gets SIGTERM alone: every process stops after the same step.
+            if ctx.processes.any(stop.signal is not None):
+                stopped_by = signal.Signals(stop.signal).name if stop.signal is not None else "SIGTERM on another process"
             if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
                 stopped_by = "stop_after_steps"
             evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +43,45 @@ def _lenient_task():
     return LenientSevens()
 
 
+def _preempted_task(step: int):
+    from test_train import SevensTask, sevens_reward
+    from grpo_jax.tasks import RewardSpec
+
+    class PreemptedSevens(SevensTask):
+        """The sevens task, whose reward function on process 1 alone sends SIGTERM at `step`."""
+
+        def reward_fns(self):
+            def sevens(prompts, completions, *, step=0, **fields):
+                if step == stop_at and jax.process_index() == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return sevens_reward(prompts, completions)
+
+            return [RewardSpec("sevens", sevens, 1.0)]
+
+    stop_at = step
+    return PreemptedSevens()
+
+
+def _failing_task(step: int):
+    from test_train import SevensTask, sevens_reward
+    from grpo_jax.tasks import RewardSpec
+
+    class FailingSevens(SevensTask):
+        """The sevens task, whose reward function on process 1 alone raises at `step` (a user's bug
+        that only one host's completions trigger)."""
+
+        def reward_fns(self):
+            def sevens(prompts, completions, *, step=0, **fields):
+                if step == fail_at and jax.process_index() == 1:
+                    raise ValueError("sevens: a completion this reward cannot parse")
+                return sevens_reward(prompts, completions)
+
+            return [RewardSpec("sevens", sevens, 1.0)]
+
+    fail_at = step
+    return FailingSevens()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -53,6 +93,12 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-after", type=int, default=0, help="train.stop_after_steps")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--eval", action="store_true", help="held-out eval at steps 0 and the last")
+    parser.add_argument("--dynamic", action="store_true", help="DAPO dynamic sampling (2 resample rounds)")
+    parser.add_argument("--sft", type=int, default=0, help="SFT warm-up steps (batch 4)")
+    parser.add_argument("--sigterm-at", type=int, default=0,
+                        help="process 1 (only) sends itself SIGTERM while scoring this step, as a preempted VM")
+    parser.add_argument("--reward-error-at", type=int, default=0,
+                        help="process 1's (only) reward function raises while scoring this step")
     args = parser.parse_args(argv)
     if args.num_processes > 1:
         sharding.initialize_distributed(f"localhost:{args.port}", args.num_processes, args.process_id)
@@ -60,7 +106,7 @@ def main(argv=None) -> int:
     import dataclasses
 
     from grpo_jax import train  # after initialize: nothing may touch a device before it
-    from grpo_jax.config import EvalSection, MeshSection
+    from grpo_jax.config import EvalSection, MeshSection, SFTSection
     from test_train import SevensTask, tiny_config
     from tolerances import ADAM_EPS_FOR_COMPARISONS
 
@@ -71,13 +117,22 @@ def main(argv=None) -> int:
                               mesh=MeshSection(data=-1),
                               # Adam eps 1e-4 (not 1e-8), as weight comparisons need (tests/tolerances.py).
                               optim=dataclasses.replace(cfg.optim, eps=ADAM_EPS_FOR_COMPARISONS))
-    task = SevensTask()
+    if args.dynamic:
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2))
+    if args.sft:
+        # "7777" + EOS needs 5 new tokens.
+        cfg = dataclasses.replace(cfg, sft=SFTSection(steps=args.sft, batch_size=4, learning_rate=1e-2, eval_every=2,
+                                                      eval_size=4),
+                                  sampling=dataclasses.replace(cfg.sampling, max_new_tokens=5))
+    task = SevensTask() if not args.sigterm_at else _preempted_task(args.sigterm_at)
+    if args.reward_error_at:
+        task = _failing_task(args.reward_error_at)
     if args.eval:
         cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))
         task = _lenient_task()
     result = train.run(cfg, task=task, resume=args.resume)
     out = {"process_index": jax.process_index(), "process_count": jax.process_count(),
-           "device_count": jax.device_count(), "step": result.step,
+           "device_count": jax.device_count(), "step": result.step, "stopped_by": result.stopped_by,
            "history": [{k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_second"}
                        for row in result.history]}
     with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 """grpo_jax.model: the decoder against a plain-numpy reference, padding, RoPE scaling, log-probs."""
 
+import dataclasses
 import math
 
 import jax
@@ -302,3 +303,45 @@ def test_dense_and_swiglu_custom_gradients_equal_plain_autodiff(d, f):
     got = jax.grad(lambda gu: (M.swiglu(gu) * cot_h).sum())(gate_up)
     want = jax.grad(lambda gu: (jax.nn.silu(gu[..., :f]) * gu[..., f:] * cot_h).sum())(gate_up)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_remat_keeps_only_each_layers_input_and_gives_the_same_gradient(group_size):
+    """model.remat: the backward pass keeps [B, T, D]-sized arrays per layer, not the attention's
+    [B, K, G, T, S] probabilities; the gradient is the same computation replayed, so bit-equal."""
+    import contextlib
+    import io
+    import re
+
+    from jax.ad_checkpoint import print_saved_residuals  # the only public form: one line per residual
+
+    def residual_sizes(f, *args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_saved_residuals(f, *args)
+        # "f32[4,24,16] output of add from ...": elements of every array that is not an argument.
+        return [math.prod(int(d) for d in m.group(1).split(",") if d)
+                for line in out.getvalue().splitlines() if "from the argument" not in line
+                for m in [re.match(r"\w+\[([\d,]*)\]", line.strip())] if m]
+
+    config = M.ModelConfig(**{**TINY, "num_layers": 3})
+    b, s, c = 4, 24, 12
+    tokens = jax.random.randint(jax.random.key(1), (b, s), 0, config.vocab_size)
+    tokens = tokens.at[:, : s - c].set(tokens[:1, : s - c])  # groups share their prompt
+    mask = jnp.ones_like(tokens)
+    grads, largest = {}, {}
+    for remat in (False, True):
+        graphdef, params = _split(dataclasses.replace(config, remat=remat))
+
+        def loss(p):
+            return M.token_logprobs(graphdef, p, tokens, mask, num_targets=c, group_size=group_size).sum()
+
+        grads[remat] = jax.jit(jax.grad(loss))(params)
+        largest[remat] = max(residual_sizes(loss, params))
+    # A layer's input is [B, S, D] (per-row) or [B/G, P + G*C, D] (shared prompt): <= B*S*D; after
+    # the layers the log-softmax keeps [B, C, V]. Without remat the attention's probabilities
+    # [B, K, G, S, S] (4 x 2 x 2 x 24 x 24 here) are kept too.
+    bound = max(b * s * config.hidden_size, b * c * config.vocab_size)
+    assert largest[True] <= bound < largest[False], (largest, bound)
+    for x, y in zip(jax.tree.leaves(grads[False]), jax.tree.leaves(grads[True])):
+        np.testing.assert_array_equal(x, y)

@@ -140,6 +140,8 @@ def test_two_process_train_run_matches_one_process(tmp_path):
 def test_multihost_settings_it_cannot_run_are_config_errors(monkeypatch, tmp_path):
     import dataclasses
 
+    import jax
+
     from grpo_jax import run_context, sharding
     from grpo_jax.config import ConfigError, SFTSection
     from test_train import tiny_config
@@ -150,7 +152,78 @@ def test_multihost_settings_it_cannot_run_are_config_errors(monkeypatch, tmp_pat
     run_context.check_batch_fits_mesh(cfg, mesh)  # 4 prompts over 2 processes: fine
     with pytest.raises(ConfigError, match="prompts_per_step=3 must split evenly over 2 processes"):
         run_context.check_batch_fits_mesh(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prompts_per_step=3)), mesh)
-    with pytest.raises(ConfigError, match="dynamic_sampling"):
-        run_context.check_batch_fits_mesh(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True)), mesh)
-    with pytest.raises(ConfigError, match="sft.steps"):
-        run_context.check_batch_fits_mesh(dataclasses.replace(cfg, sft=dataclasses.replace(SFTSection(), steps=1)), mesh)
+    # Dynamic sampling and the SFT warm-up run on several processes now; the SFT batch must split.
+    run_context.check_batch_fits_mesh(dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True)), mesh)
+    two = jax.sharding.AbstractMesh((2, 1, 1), sharding.MESH_AXES)
+    with pytest.raises(ConfigError, match="sft.batch_size=3 must split evenly"):
+        run_context.check_batch_fits_mesh(dataclasses.replace(cfg, sft=SFTSection(steps=1, batch_size=3)), two)
+
+
+def _single(tmp_path, tag: str, *extra: str) -> dict:
+    script = str(TESTS / "multihost_train_check.py")
+    proc = subprocess.run([sys.executable, script, str(tmp_path / f"{tag}.json"), "--run-dir", str(tmp_path / tag),
+                           *extra], env=_env(2), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((tmp_path / f"{tag}.json").read_text())
+
+
+def _same_rows(got_rows, want_rows):
+    assert [r["step"] for r in got_rows] == [r["step"] for r in want_rows]
+    for got, want in zip(got_rows, want_rows):
+        assert got.keys() == want.keys(), got["step"]
+        for k in ("data_position", "reward", "completions/mean_length", "dynamic_sampling/rounds",
+                  "dynamic_sampling/sampled_reward"):
+            if k in want:
+                assert got[k] == want[k], (got["step"], k)
+        for k in KEYS:
+            assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
+
+
+def test_two_processes_run_dynamic_sampling_and_the_sft_warm_up_as_one_process(tmp_path):
+    # Before: both were refused on several processes. The resample decision is taken from the
+    # gathered rewards (the same on every process), and the SFT warm-up feeds each process's
+    # devices their rows of the same batches.
+    extra = ("--dynamic", "--sft", "3", "--steps", "3")
+    ref = _single(tmp_path, "single", *extra)
+    r0, r1 = _run_pair(tmp_path, "p", tmp_path / "multi", *extra)
+    assert r0["history"] == r1["history"]
+    assert any(row["dynamic_sampling/rounds"] > 1 for row in ref["history"])  # resampling happened
+    _same_rows(r0["history"], ref["history"])
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_after_the_same_step_and_resumes_exactly(tmp_path):
+    # A preempted TPU VM gets SIGTERM alone. Before: the other process went on into the next step
+    # and waited at its first gather. Now both stop after step 2 with one checkpoint, and resuming
+    # both gives the uninterrupted run's rows.
+    ref = _single(tmp_path, "single", "--steps", "4")
+    first = _run_pair(tmp_path, "a", tmp_path / "multi", "--steps", "4", "--sigterm-at", "2")
+    assert [r["step"] for r in first] == [2, 2]
+    assert first[1]["stopped_by"] == "SIGTERM" and first[0]["stopped_by"] == "SIGTERM on another process"
+    assert sorted(int(n) for n in os.listdir(tmp_path / "multi" / "checkpoints") if n.isdigit())[-1] == 2
+    r0, r1 = _run_pair(tmp_path, "b", tmp_path / "multi", "--steps", "4", "--resume")
+    assert r0["history"] == r1["history"]
+    _same_rows(r0["history"], ref["history"][2:])
+
+
+def test_a_reward_error_on_one_process_stops_both_with_the_last_step_saved(tmp_path):
+    # A reward function that raises on one host's completions only. Before: that process exited
+    # and the other waited at the next gather until killed. Now both raise after scoring step 2
+    # (the other naming the failing process), having saved step 1 together.
+    script = str(TESTS / "multihost_train_check.py")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, script, str(tmp_path / f"f{i}.json"), "--run-dir",
+                               str(tmp_path / "multi"), "--process-id", str(i), "--num-processes", "2", "--port",
+                               str(port), "--steps", "3", "--reward-error-at", "2"],
+                              env=_env(1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode not in (0, None) for p in procs), "\n".join(log[-3000:] for log in logs)
+    assert "ValueError: sevens: a completion this reward cannot parse" in logs[1]
+    assert "scoring step 2's rewards failed on process(es) [1]" in logs[0]
+    assert sorted(int(n) for n in os.listdir(tmp_path / "multi" / "checkpoints") if n.isdigit()) == [1]

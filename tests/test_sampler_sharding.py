@@ -163,3 +163,19 @@ def test_device_groups_read_the_formats_xla_prints():
     with pytest.raises(ValueError, match="no device groups"):
         device_groups("%g = f32[2] all-reduce(%z), channel_id=1", 4)
     assert shape_bytes("(f32[4,1,128]{2,1,0}, pred[], bf16[3])") == 4 * 128 * 4 + 1 + 2 * 3
+
+
+def test_a_bfloat16_models_decode_copy_is_bfloat16_and_samples_the_same(tmp_path):
+    # tests/decode_copy_dtype_check.py: on fsdp=4 the sampler's copy is made anyway (whole along
+    # fsdp); cast before the gather it holds 2 B per weight instead of 4, and since the model casts
+    # every weight to bfloat16 before use, tokens and log-probs are bit-equal to a float32 copy's.
+    out = tmp_path / "decode_copy.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}")
+    proc = subprocess.run([sys.executable, str(TESTS / "decode_copy_dtype_check.py"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    result = json.loads(out.read_text())
+    assert result["copies"]["bfloat16 copy"] == ["bfloat16"] and result["copies"]["float32 copy"] == ["float32"]
+    assert 2 * result["copies"]["bfloat16 copy bytes"] == result["copies"]["float32 copy bytes"]
+    assert result["tokens_equal"] and result["logprobs_equal"] and result["distinct_tokens"] > 10

@@ -51,6 +51,10 @@ class ModelConfig:
     qk_norm: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"
+    # How the backward pass runs, not the architecture (never written to an HF config.json): True
+    # recomputes each layer's activations in the backward pass (jax.checkpoint per layer) instead of
+    # keeping them, for about a third more forward compute.
+    remat: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

@@ -31,7 +31,7 @@ from flax import nnx
 
 from grpo_jax.model.attention import KVCache, attend, attend_after_shared_prompt, attend_one_query
 from grpo_jax.model.config import DTYPES, ModelConfig
-from grpo_jax.model.kernels import dense, rms_norm, swiglu
+from grpo_jax.model.kernels import constrain_rows, dense, rms_norm, swiglu
 from grpo_jax.model.partitioning import SHARDING
 from grpo_jax.model.rope import Rope, apply_rope, rope_inv_freq, rope_tables
 
@@ -229,6 +229,13 @@ class Block(nnx.Module):
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
 
 
+def _maybe_remat(config: ModelConfig, run_layer):
+    """`run_layer(block, *arrays)`, recomputed in the backward pass when `config.remat` (nnx.remat,
+    i.e. jax.checkpoint with the block's weights as inputs): the backward then keeps each layer's
+    input instead of every intermediate inside it."""
+    return nnx.remat(run_layer) if config.remat else run_layer
+
+
 def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
     """cumsum(mask) - 1 clipped at 0: each row's first real token sits at position 0."""
     return jnp.maximum(jnp.cumsum(attention_mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
@@ -268,11 +275,16 @@ class Transformer(nnx.Module):
         lets RoPE use a lookup table (`rope_tables`); positions from `default_positions` stay below T.
         """
         c = self.config
-        x = self.embed[...][tokens_BxT].astype(DTYPES[c.dtype])
+        x = constrain_rows(self.embed[...][tokens_BxT].astype(DTYPES[c.dtype]))
         rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype, max_position=max_position)
         new_caches = []
         for i, layer in enumerate(self.layers):
-            x, cache = layer(x, rope, key_mask_BxS, None if caches is None else caches[i], write_index)
+            if caches is None:
+                x, cache = _maybe_remat(c, lambda blk, x, rope, mask: blk(x, rope, mask, None, 0))(
+                    layer, x, rope, key_mask_BxS)
+            else:
+                x, cache = layer(x, rope, key_mask_BxS, caches[i], write_index)
+            x = constrain_rows(x)
             new_caches.append(cache)
         return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
 
@@ -290,10 +302,11 @@ class Transformer(nnx.Module):
                     + prompt_len_N[:, None, None])
         positions_NxL = jnp.concatenate([prompt_pos_NxP, jnp.maximum(comp_pos, 0).reshape(n, g * cl)], axis=1)
         tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
-        x = self.embed[...][tokens_NxL].astype(DTYPES[c.dtype])
+        x = constrain_rows(self.embed[...][tokens_NxL].astype(DTYPES[c.dtype]))
         rope = rope_tables(positions_NxL, rope_inv_freq(c), x.dtype, max_position=p + cl)
+        run_layer = _maybe_remat(c, lambda blk, *args: blk.shared_prompt(*args))
         for layer in self.layers:
-            x = layer.shared_prompt(x, rope, prompt_mask_NxP, completion_mask_NxGxC)
+            x = constrain_rows(run_layer(layer, x, rope, prompt_mask_NxP, completion_mask_NxGxC))
         h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
         return h[:, :p], h[:, p:].reshape(n, g, cl, -1)
 

@@ -1,0 +1,259 @@
+"""`python -m grpo_jax check`: every shipped config passes, the per-device figures are the sharding
+table's arithmetic and what a real build holds, and errors exit with their codes (2 config, 3 too big).
+
+Run as a script (`python tests/test_check_command.py OUT.json ARGS...`) it is the multi-device half
+of `test_figures_equal_the_table_and_a_real_build`: check's figures and a real `run_context.build`
+measured with `sharding.bytes_per_device`, on the fake devices its environment gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_COMPILE = "--xla_backend_optimization_level=0"  # argument/output/alias sizes do not depend on it
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    from grpo_jax import check_command
+
+    parser = argparse.ArgumentParser()
+    check_command.add_arguments(parser)
+    code = check_command.run(parser.parse_args(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _cli(args: list[str], devices: int, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    return subprocess.run([sys.executable, "-m", "grpo_jax.check_command", *args, "--devices", str(devices)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shipped configs.
+
+def test_arith_cpu_passes_and_prints_the_table(capsys, tmp_path):
+    code, out, err = _run(["--config", "configs/arith_cpu.py", "--prompt-tokens", "8",
+                           "--json", str(tmp_path / "f.json")], capsys)
+    assert code == 0, err
+    for line in ("params (fp32 masters)", "Adam state", "KV cache", "compiled programs", "prefill", "decode",
+                 "update", "phase peaks", "layers.*.mlp.gate_proj", "P('fsdp', 'tensor')", "summary:"):
+        assert line in out, line
+    f = json.loads((tmp_path / "f.json").read_text())
+    # 2 layers x (4 * 128*128 attention + 3 * 128*512 MLP + 2 * 128 norms) + 2 * 14*128 + 128: whole
+    # on one device, 4 B each.
+    num_params = 2 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 2 * 14 * 128 + 128
+    assert f["model"]["num_params"] == num_params
+    assert f["per_device_bytes"]["params"] == 4 * num_params
+    assert f["per_device_bytes"]["reference"] == 0  # beta = 0: no reference
+    assert set(f["programs"]) == {"prefill", "decode", "update"}  # no log-prob pass without beta or recompute
+    assert f["fits"] is None and f["rollout"] == {"rows": 128, "prompt_tokens": 8, "new_tokens": 5,
+                                                  "rows_per_device": 128, "update_rows_per_micro_batch": 128,
+                                                  "micro_batches": 1}
+
+
+def test_memory_per_device_too_small_exits_3_naming_the_figure(capsys):
+    code, out, err = _run(["--config", "configs/arith_cpu.py", "--prompt-tokens", "8",
+                           "--memory-per-device", "1MiB"], capsys)
+    assert code == 3
+    assert "EXCEEDS 0.00 GiB" in out
+    # The phase, what it is made of, and the budget it broke.
+    assert "too big: the update phase needs" in err and "update program" in err
+    assert "> --memory-per-device" in err
+
+
+def test_a_bad_set_exits_2_naming_the_field(capsys):
+    code, _, err = _run(["--config", "configs/arith_cpu.py", "--set", "grpo.num_generations=0"], capsys)
+    assert code == 2 and err.startswith("config error: ") and "grpo.num_generations" in err
+    code, _, err = _run(["--config", "configs/arith_cpu.py", "--set", "mesh.data=3"], capsys)
+    assert code == 2 and "config error: " in err and "mesh" in err
+
+
+def test_an_absent_checkpoint_without_model_shape_says_to_pass_it(capsys):
+    code, _, err = _run(["--config", "configs/qwen25_05b_gpu.py", "--no-compile"], capsys)
+    assert code == 2 and "model.hf_path='/models/Qwen2.5-0.5B-Instruct'" in err and "--model-shape" in err
+
+
+def test_a_present_checkpoint_is_read_from_its_config_json(capsys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({**_shape("qwen2.5-0.5b"), "num_hidden_layers": 2}))
+    code, out, err = _run(["--config", "configs/qwen25_05b_gpu.py", "--no-compile",
+                           "--set", f"model.hf_path={ckpt}"], capsys)
+    assert code == 0, err
+    assert f"model.hf_path={ckpt}/config.json" in out and "(2 layers" in out
+
+
+def test_parse_bytes():
+    from grpo_jax.check_command import parse_bytes
+
+    assert parse_bytes("16GiB") == 16 * 2**30 == parse_bytes("16G")
+    assert parse_bytes("80GB") == 80 * 10**9
+    assert parse_bytes("1.5 MiB") == 3 * 2**19 and parse_bytes("4096") == 4096
+    with pytest.raises(argparse.ArgumentTypeError, match="not a size"):
+        parse_bytes("16 gigs")
+
+
+def _shape(name: str) -> dict:
+    from grpo_jax.check_command import MODEL_SHAPES
+
+    return MODEL_SHAPES[name]
+
+
+@pytest.mark.parametrize("name, published", [
+    # Parameter counts as Hugging Face's model pages give them (safetensors metadata).
+    ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512),
+    ("qwen2.5-32b", 32_763_876_352), ("llama-3.1-8b", 8_030_261_248)])
+def test_model_shapes_have_the_published_parameter_counts(name, published):
+    from grpo_jax import hf
+
+    config = hf.config_from_hf(_shape(name))
+    assert sum(math.prod(e.hf_shape) for e in hf.weight_map(config)) == published
+
+
+# ----------------------------------------------------------------------------------------------
+# The figures: the table's arithmetic, and a real build's bytes on 4 devices.
+
+SMALL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_heads=4", "model.num_kv_heads=2",
+         "model.head_dim=16", "model.vocab_size=15", "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
+         "grpo.beta=0.04", "grpo.ref_dtype=bfloat16", "sft.steps=0"]
+
+
+def _small_table_bytes() -> int:
+    """configs/arith_cpu.py's 2 layers at D=64, F=128, 4 heads, 2 kv heads of 16, V=15, fsdp=2 x tensor=2:
+    4 B x elements / (fsdp x tensor) for weights whose dims divide, whole for norms; V=15 does not
+    divide tensor=2, so embed [V, D] and lm_head [D, V] are split over fsdp only."""
+    d, f, n, k, h, v, layers = 64, 128, 4, 2, 16, 15, 2
+    per_layer = (d * n * h + 2 * d * k * h + n * h * d + 3 * d * f) / 4 + 2 * d
+    return int(4 * (layers * per_layer + 2 * v * d / 2 + d))
+
+
+def test_figures_equal_the_table_and_a_real_build(tmp_path):
+    out = tmp_path / "measured.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}")
+    proc = subprocess.run([sys.executable, str(Path(__file__)), str(out), *SMALL], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(out.read_text())
+    sizes, measured, programs = result["figures"]["per_device_bytes"], result["measured"], result["figures"]["programs"]
+    assert sizes["params"] == _small_table_bytes() == 78_848
+    # A real build holds exactly that on every device, and Adam (mu, nu and step counts) and the
+    # bf16 reference what check says.
+    assert measured["params"] == [sizes["params"]]
+    assert measured["opt_state"] == [sizes["opt_state"]]
+    assert measured["reference"] == [sizes["reference"]] == [sizes["params"] // 2]
+    assert 2 * sizes["params"] < sizes["opt_state"] < 2 * sizes["params"] + 64
+    # The update donates params and Adam state: exactly those bytes are written in place.
+    assert programs["update"]["alias"] == sizes["params"] + sizes["opt_state"]
+    # The KV cache: 64 rows per device (128 over data x fsdp = 2) x 2 layers x (k, v) x 1 kv head
+    # (2 over tensor = 2) x 16 x (8 prompt + 5 new) slots x 4 B (float32 model).
+    assert sizes["kv_cache"] == 64 * 2 * 2 * 1 * 16 * 13 * 4
+    # The prefill returns it with the decode state's small arrays (key mask [64, 13], logits
+    # [64, 15], positions, step, tokens and log-probs [64, 5], done) and the prompts [64, 8], and
+    # XLA counts the output tuple's table of 12 pointers (8 B each).
+    small = 4 * (64 * 13 + 64 * 15 + 64 + 1 + 2 * 64 * 5 + 64 * 8) + 64 + 12 * 8
+    assert programs["prefill"]["output"] == sizes["kv_cache"] + small
+    # Sampler layout: whole along fsdp, so a separate copy; split over tensor only.
+    assert sizes["decode_weights"] > sizes["params"]
+    assert result["figures"]["rollout"]["rows_per_device"] == 64
+    assert {"prefill", "decode", "logprobs_ref", "update"} == set(programs)
+
+
+def _measure(out_path: str, overrides: list[str]) -> None:
+    """check's figures and a real build's bytes per device (set of values over the devices)."""
+    from grpo_jax import check_command, run_context, sharding, step
+    from grpo_jax import config as config_lib
+
+    config = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs/arith_cpu.py")), overrides)
+    figures = check_command.check(config, prompt_tokens=8)
+    ctx, state = run_context.build(config)
+    ref = step.frozen_copy(state.params, ctx.ref_dtype)
+
+    def per_device(tree):
+        return sorted(set(sharding.bytes_per_device(tree).values()))
+
+    measured = {"params": per_device(state.params), "opt_state": per_device(state.opt_state),
+                "reference": per_device(ref)}
+    Path(out_path).write_text(json.dumps({"figures": figures, "measured": measured}))
+
+
+# ----------------------------------------------------------------------------------------------
+# fsdp splits the update's rows like data does.
+
+# Two Qwen2.5-0.5B-wide layers (d=896, F=4864, 14/2 heads of 64, its 151,936-token vocabulary) with
+# 64 new tokens: at this width XLA's partitioner, left alone, split activations over fsdp along the
+# hidden dimension and kept every row on every device (before model.kernels.constrain_rows).
+_WIDE = ["--set", "model.hidden_size=896", "--set", "model.intermediate_size=4864", "--set", "model.num_heads=14",
+         "--set", "model.num_kv_heads=2", "--set", "model.head_dim=64", "--set", "model.vocab_size=151936",
+         "--set", "sampling.max_new_tokens=64"]
+
+
+def test_fsdp_update_holds_its_share_of_rows_like_data(tmp_path):
+    figures = {}
+    for name, mesh in (("data", ["mesh.data=8", "mesh.fsdp=1"]), ("fsdp", ["mesh.data=1", "mesh.fsdp=8"])):
+        sets = [a for m in mesh for a in ("--set", m)]
+        proc = _cli(["--config", "configs/arith_cpu.py", *_WIDE, *sets, "--json", str(tmp_path / f"{name}.json")],
+                    devices=8)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        figures[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    data, fsdp = figures["data"], figures["fsdp"]
+    assert data["rollout"]["rows_per_device"] == fsdp["rollout"]["rows_per_device"] == 16
+    # Error argument: both meshes give each device the same 16 of the 128 rows, so the same
+    # activations. fsdp=8 holds 1/8 of the float32 gradient instead of all of it (saving 7/8 of
+    # 4 B x params) and gathers weights one at a time (at most the largest, lm_head or embed:
+    # 151,936 x 896 x 4 B, once more for its gradient's reduce-scatter input). Rows kept whole
+    # on every device cost 7 x 16 rows' activations more: 3.80 GB against data's 3.52 GB here,
+    # above the bound; with the rows split, 2.11 GB.
+    params = data["model"]["num_params"]
+    largest_weight = 151_936 * 896 * 4
+    bound = data["programs"]["update"]["temp"] - 7 * 4 * params // 8 + 2 * largest_weight
+    assert fsdp["programs"]["update"]["temp"] <= bound, (fsdp["programs"]["update"]["temp"], bound)
+
+
+# ----------------------------------------------------------------------------------------------
+# The shipped GPU and pod configs at their real sizes (minutes of CPU compile each).
+
+@pytest.mark.slow
+def test_qwen25_05b_gpu_config_on_8_devices(tmp_path):
+    proc = _cli(["--config", "configs/qwen25_05b_gpu.py", "--model-shape", "qwen2.5-0.5b",
+                 "--json", str(tmp_path / "f.json")], devices=8)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "summary:" in proc.stdout and "fake CPU devices" in proc.stderr
+    f = json.loads((tmp_path / "f.json").read_text())
+    assert f["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    # data=8 splits rows only: every device holds the whole 494,032,768-parameter model.
+    assert f["per_device_bytes"]["params"] == 4 * 494_032_768
+    assert f["per_device_bytes"]["reference"] == 2 * 494_032_768  # ref_dtype bfloat16
+    assert set(f["programs"]) == {"prefill", "decode", "logprobs_ref", "update"}
+
+
+@pytest.mark.slow
+def test_tpu_pod_config_7b_on_16_devices(tmp_path):
+    from grpo_jax import hf
+
+    proc = _cli(["--config", "configs/tpu_pod.py", "--model-shape", "qwen2.5-7b", "--set", "mesh.data=1",
+                 "--set", "mesh.fsdp=4", "--set", "mesh.tensor=4", "--json", str(tmp_path / "f.json")], devices=16)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    f = json.loads((tmp_path / "f.json").read_text())
+    # Every matrix divides by fsdp=4 x tensor=4 (28 heads, 4 kv heads, F, V): 4 B / 16 each; the
+    # q/k/v biases [heads, 128] split over tensor only; the norms whole.
+    shapes = {e.hf_name: math.prod(e.hf_shape) for e in hf.weight_map(hf.config_from_hf(_shape("qwen2.5-7b")))}
+    biases = sum(v for name, v in shapes.items() if name.endswith("bias"))
+    norms = sum(v for name, v in shapes.items() if "norm" in name)
+    matrices = sum(shapes.values()) - biases - norms
+    assert f["per_device_bytes"]["params"] == 4 * (matrices // 16 + biases // 4 + norms)
+    assert f["per_device_bytes"]["reference"] == 0  # beta = 0
+    assert set(f["programs"]) == {"prefill", "decode", "update"}
+
+
+if __name__ == "__main__":
+    _measure(sys.argv[1], sys.argv[2:])
