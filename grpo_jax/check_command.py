@@ -311,6 +311,16 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     return Abstract(graphdef, params, opt_state, ref, tx, decode_sh, separate)
 
 
+def target_slots(config, rows: int, row_devices: int) -> int:
+    """The continuous engine's slots per device on the backend the config is for (an accelerator
+    where its mesh, dtype or checkpoint say so), not on the CPU that `check` compiles with."""
+    from grpo_jax import sampler as sampler_lib
+    from grpo_jax.platform_check import accelerator_expected
+
+    backend = "accelerator" if accelerator_expected(config) else "cpu"
+    return sampler_lib.slots_per_device(rows, row_devices, config.sampling.decode_slots, backend=backend)
+
+
 def decode_copy(st: Abstract, model_config):
     """The sampler's weights as `sharding.decode_params` makes them: in the compute dtype where
     they are a separate copy, else the params themselves."""
@@ -354,6 +364,8 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     stop = types.SimpleNamespace(eos_ids=tuple(stop_ids), eos_id=stop_ids[0], pad_id=pad_id)
     smp = run_context.build_sampler(config, st.graphdef, model_config, stop, mesh)
     smp._param_shardings = st.decode_shardings
+    if smp.engine == "continuous" and not smp.decode_slots:  # the target accelerator's auto slots
+        smp.decode_slots = target_slots(config, rows, row_devices) * row_devices
     sampling = sampler_lib.SamplingConfig(max_new_tokens=c, temperature=s_cfg.temperature, top_k=s_cfg.top_k,
                                           top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
     m_rows = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices)
@@ -438,12 +450,19 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     # The step's rows during the log-prob pass and the update (phases.device_rows): tokens and
     # attention [S], completion mask and sampler log-probs [C], an advantage, ref / old log-probs [C].
     per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.old_logprobs == "recompute"))
+    kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
+    cache_tokens = local_rows * seq
+    if config.sampling.resolved_engine() == "continuous":  # its slots, plus the prompt store
+        row_devices = sharding.batch_size_multiple(mesh)
+        m_local = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices) // row_devices
+        slots = target_slots(config, rows, row_devices)
+        cache_tokens = slots * seq + m_local * prompt_len
     sizes = {
         "params": bytes_per_device(st.params),
         "opt_state": bytes_per_device(st.opt_state),
         "reference": bytes_per_device(st.ref) if st.ref is not None else 0,
         "gradients": bytes_per_device(st.params),  # float32 in the params' layout, inside the update's temp
-        "kv_cache": local_rows * model_config.num_layers * 2 * kv_local * model_config.head_dim * seq * act_bytes,
+        "kv_cache": cache_tokens * kv_per_token,
         "decode_weights": bytes_per_device(decode_copy(st, model_config))
         if st.separate_decode_copy else 0,
         "step_rows": local_rows * per_row,

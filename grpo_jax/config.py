@@ -80,6 +80,20 @@ class SamplingSection:
     # Host threads that each decode an equal share of the prompts (same samples for any count).
     # 0: auto, 2 on a one-device CPU backend with >= 2 cores (a decode loop keeps one core busy), else 1.
     threads: int = 0
+    # "static": all rows decode until the longest stops. "continuous" (grpo_jax.continuous): a stopped
+    # row's decode slot takes the next waiting row. "auto": continuous when completions can run long
+    # (max_new_tokens > 128, EOS not ignored), where length tails make a static batch mostly padding.
+    engine: Literal["auto", "static", "continuous"] = "auto"
+    # Continuous engine: decode slots over all devices, per sampler thread (0: auto, see
+    # grpo_jax.sampler.slots_per_device), and how often (in tokens) stopped rows' slots are refilled.
+    decode_slots: int = 0
+    refill_every: int = 8
+
+    def resolved_engine(self) -> str:
+        """The engine `engine` names, "auto" resolved."""
+        if self.engine != "auto":
+            return self.engine
+        return "continuous" if self.max_new_tokens > 128 and not self.ignore_eos else "static"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +125,8 @@ class GRPOSection:
     # passes (the same log-probs, fewer tokens: benchmarks/NOTES.md). Off: every row runs its own copy.
     share_prompt_prefix: bool = True
     ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps (beta > 0)
+    # Update/log-prob passes on length-sorted rows cut to bucketed lengths; auto: where it runs fewer tokens.
+    bucket_by_length: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +291,7 @@ def validate(config: Config) -> None:
         ("grpo.num_minibatches", g.num_minibatches),
         ("grpo.grad_accum_steps", g.grad_accum_steps),
         ("sampling.max_new_tokens", s.max_new_tokens),
+        ("sampling.refill_every", s.refill_every),
         ("train.steps", t.steps),
         ("eval.num_samples", e.num_samples),
         ("optim.learning_rate", o.learning_rate),
@@ -297,6 +314,7 @@ def validate(config: Config) -> None:
         ("train.samples_every", t.samples_every),
         ("sampling.top_k", s.top_k),
         ("sampling.threads", s.threads),
+        ("sampling.decode_slots", s.decode_slots),
         ("train.stop_after_steps", t.stop_after_steps),
         ("grpo.ref_resync_every", g.ref_resync_every),
         ("train.verifier_workers", t.verifier_workers),

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import advantages as adv_lib
+from grpo_jax import length_buckets
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import step as step_lib
 from grpo_jax.run_context import RunContext, RunState
@@ -200,29 +201,44 @@ def score(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, completion_mask: np.ndarray) -> dict:
-    """The batch as global arrays with rows over ("data", "fsdp"): each device receives its rows."""
+    """The batch as global arrays with rows over ("data", "fsdp"): each device receives its rows;
+    and "completion_lengths", host ints [B] (the columns the loss reads per row), which length
+    bucketing plans from without a device round trip (every process holds every row)."""
     a = batch.arrays
-    return ctx.processes.to_global({
+    rows = ctx.processes.to_global({
         "tokens": np.concatenate([a["prompt_tokens"], a["tokens"]], axis=1).astype(np.int32),
         "attention": np.concatenate([a["prompt_mask"], a["mask"]], axis=1).astype(np.int32),
         "completion_mask": completion_mask.astype(np.int32),
         "advantages": advantages.astype(np.float32),
         "sampler_logp": a["logprobs"].astype(np.float32),
     })
+    rows["completion_lengths"] = length_buckets.needed_lengths(completion_mask)
+    return rows
 
 
 def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, step: int):
     """Phase 5: (ref_logp or None, old_logp), [B, C] global arrays; dispatched, not waited for.
 
-    pi_old is the sampler's log-probs unless `grpo.old_logprobs="recompute"`."""
+    pi_old is the sampler's log-probs unless `grpo.old_logprobs="recompute"`. Length-bucketed
+    (`ctx.bucketing`), the passes run over length-sorted chunks of rows and their results are put
+    back in row order, 0 in the columns the loss does not read."""
     g = ctx.config.grpo
     num_targets = rows["completion_mask"].shape[1]
-    ref_logp = None
-    if ctx.uses_reference:
-        ref_logp = ctx.logprob_fn(state.ref_params, rows["tokens"], rows["attention"], num_targets=num_targets)
+    chunks = None
+    if ctx.bucketing is not None:
+        chunks = ctx.bucketing.logprob_chunks(rows["completion_lengths"], max_len=num_targets,
+                                              prompt_len=rows["tokens"].shape[1] - num_targets)
+
+    def pass_over_rows(params):
+        if chunks is None:
+            return ctx.logprob_fn(params, rows["tokens"], rows["attention"], num_targets=num_targets)
+        return length_buckets.logprobs(ctx.bucketing.logprob_fn, params, rows["tokens"], rows["attention"],
+                                       chunks, num_targets=num_targets, mesh=ctx.mesh)
+
+    ref_logp = pass_over_rows(state.ref_params) if ctx.uses_reference else None
     old_logp = rows["sampler_logp"]
     if g.old_logprobs == "recompute":
-        old_logp = ctx.logprob_fn(state.params, rows["tokens"], rows["attention"], num_targets=num_targets)
+        old_logp = pass_over_rows(state.params)
     computed = [x for x in (ref_logp, old_logp if g.old_logprobs == "recompute" else None) if x is not None]
     if computed:
         times.watch(f"logprobs:{step}", computed)
@@ -231,8 +247,9 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, st
 
 def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, times: ReadyTimes, step: int):
     """Phase 6: `num_iterations` passes over the batch, each `num_minibatches` optimizer updates of
-    `grad_accum_steps` micro-batches. Returns the new state and the updates' metrics (device
-    arrays, not read: the caller reads them one step later)."""
+    `grad_accum_steps` micro-batches (length-bucketed: `ctx.bucketing`'s chunks of the minibatch
+    instead). Returns the new state and the updates' metrics (device arrays, not read: the caller
+    reads them one step later)."""
     g = ctx.config.grpo
     full = step_lib.UpdateBatch(
         tokens=rows["tokens"],
@@ -243,7 +260,8 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
         sampler_logp=rows["sampler_logp"],
         ref_logp=ref_logp,
     )
-    n_rows = rows["completion_mask"].shape[0]
+    n_rows, num_targets = rows["completion_mask"].shape
+    prompt_len = rows["tokens"].shape[1] - num_targets
     per_minibatch = n_rows // g.num_minibatches
     params, opt_state = state.params, state.opt_state
     metrics = []
@@ -257,8 +275,16 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
         )
         for mb in range(g.num_minibatches):
             rows_mb = order[mb * per_minibatch : (mb + 1) * per_minibatch]
-            batch = step_lib.minibatch(full, rows_mb, g.grad_accum_steps, ctx.mesh)
-            params, opt_state, m = ctx.update_fn(params, opt_state, batch)
+            chunks = None
+            if ctx.bucketing is not None:
+                chunks = ctx.bucketing.update_chunks(rows["completion_lengths"], rows_mb, max_len=num_targets,
+                                                     prompt_len=prompt_len)
+            if chunks is None:
+                batch = step_lib.minibatch(full, rows_mb, g.grad_accum_steps, ctx.mesh)
+                params, opt_state, m = ctx.update_fn(params, opt_state, batch)
+            else:
+                params, opt_state, m = length_buckets.update(ctx.bucketing.update, params, opt_state, full, chunks,
+                                                             aggregation=g.aggregation, mesh=ctx.mesh)
             metrics.append(m)
     times.watch(f"update:{step}", metrics)
     return dataclasses.replace(state, params=params, opt_state=opt_state), metrics

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import config as config_lib
+from grpo_jax import length_buckets
 from grpo_jax import model as model_lib
 from grpo_jax import optim
 from grpo_jax import rollout as rollout_lib
@@ -59,6 +60,7 @@ class RunContext:
     schedule: Any  # optax.Schedule, per optimizer update
     update_fn: Any  # step.make_update_fn, sharded for the mesh
     logprob_fn: Any  # step.make_logprob_fn, rows over the mesh
+    bucketing: Any  # length_buckets.Bucketing, or None (grpo.bucket_by_length="off")
     base_key: jax.Array
     eval_examples: list[dict]
     pool: Any  # rewards.VerifierPool or None
@@ -158,6 +160,9 @@ def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, 
         prompt_buckets=PROMPT_BUCKETS,
         mesh=mesh,
         threads=config.sampling.threads or auto_sampler_threads(),
+        engine=config.sampling.resolved_engine(),
+        decode_slots=config.sampling.decode_slots,
+        refill_every=config.sampling.refill_every,
     )
 
 
@@ -219,6 +224,23 @@ def configured_mesh(config: config_lib.Config):
     return mesh
 
 
+def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state):
+    """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
+    prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
+    passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off")."""
+    rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
+    update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
+    update_fn = sharding.shard_update_fn(
+        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group), mesh, params, opt_state
+    )
+    logprob_fn = step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh, params=params, group_size=logprob_group)
+    bucketing = length_buckets.make_bucketing(
+        g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
+        update_group=update_group, logprob_group=logprob_group,
+    )
+    return update_fn, logprob_fn, bucketing
+
+
 def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
     """(every fixed part of a run, its freshly initialised state) from `config`; `task` and
     `tokenizer` replace the configured ones."""
@@ -238,17 +260,8 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
-    rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
-    update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
-    update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(graphdef, tx, g_cfg, s_cfg.temperature, group_size=update_group),
-        mesh,
-        params,
-        opt_state,
-    )
-    logprob_fn = step_lib.make_logprob_fn(
-        graphdef, s_cfg.temperature, mesh=mesh, params=params, group_size=logprob_group
-    )
+    update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
+                                                      params=params, opt_state=opt_state)
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool
@@ -275,6 +288,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
         schedule=schedule,
         update_fn=update_fn,
         logprob_fn=logprob_fn,
+        bucketing=bucketing,
         base_key=jax.random.PRNGKey(t_cfg.seed),
         eval_examples=task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else [],
         pool=pool,

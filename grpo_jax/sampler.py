@@ -200,7 +200,7 @@ def row_keys(rng: jax.Array, row_ids_B: jax.Array) -> jax.Array:
 
 def _sample(logits_BxV, keys_B, step, sampling: SamplingConfig):
     """(token_B, log-prob_B under the unfiltered softmax(logits / T)); row b's noise is drawn
-    from fold_in(keys_B[b], step)."""
+    from fold_in(keys_B[b], step) (`step` one for all rows, or one per row [B])."""
     scaled = logits_BxV.astype(jnp.float32) / sampling.temperature
     logp_BxV = jax.nn.log_softmax(scaled, axis=-1)
     if sampling.greedy:
@@ -209,7 +209,11 @@ def _sample(logits_BxV, keys_B, step, sampling: SamplingConfig):
         # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
         filtered = filter_logits(scaled, sampling.top_k, sampling.top_p)
         v = filtered.shape[-1]
-        noise_BxV = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, step), (v,), jnp.float32))(keys_B)
+        if jnp.ndim(step) == 0:  # one step for all rows (the static engine): fold it in as a constant
+            noise_BxV = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, step), (v,), jnp.float32))(keys_B)
+        else:
+            noise_BxV = jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (v,), jnp.float32))(
+                keys_B, step)
         token_B = argmax_last(filtered + noise_BxV)
     token_B = token_B.astype(jnp.int32)
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
@@ -225,7 +229,8 @@ def is_stop(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
 
 
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
-           eos_id: int | tuple[int, ...], pad_id: int, segment: int | None = None, first_row=0) -> DecodeState:
+           eos_id: int | tuple[int, ...], pad_id: int, segment: int | None = None, first_row=0,
+           forced_length_B=None) -> DecodeState:
     """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done.
 
     A row is done once it samples any of the stop ids `eos_id` (one id or a tuple of them).
@@ -233,6 +238,7 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
     so attention covers only the slots the segment can have filled; the samples are the same.
     Row b of this batch is global row first_row + b: its noise comes from `row_keys`.
+    forced_length_B (benchmarks): row b stops after exactly that many tokens (`continuous.force_lengths`).
     """
     c = sampling.max_new_tokens
     eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
@@ -241,7 +247,12 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     keys_B = row_keys(rng, jnp.asarray(first_row, jnp.int32) + jnp.arange(b, dtype=jnp.int32))
 
     def record(st: DecodeState) -> DecodeState:
-        token_B, logp_B = _sample(st.logits_BxV, keys_B, st.step, sampling)
+        logits_BxV = st.logits_BxV
+        if forced_length_B is not None:
+            from grpo_jax.continuous import force_lengths
+
+            logits_BxV = force_lengths(logits_BxV, jnp.broadcast_to(st.step, (b,)), forced_length_B, eos_ids[0], eos_ids)
+        token_B, logp_B = _sample(logits_BxV, keys_B, st.step, sampling)
         token_B = jnp.where(st.done_B, pad_id, token_B)
         logp_B = jnp.where(st.done_B, 0.0, logp_B)
         start = (jnp.zeros((), jnp.int32), st.step)
@@ -322,6 +333,21 @@ def prefill_rows(num_prompts: int, num_samples: int, row_devices: int) -> int:
     return math.lcm(num_prompts, row_devices)
 
 
+def slots_per_device(num_rows: int, row_devices: int, decode_slots: int, backend: str | None = None) -> int:
+    """The continuous engine's decode slots on each device for `num_rows` rows over `row_devices`:
+    `decode_slots` split over the devices, or (0: auto) on a CPU 8, on an accelerator a quarter of
+    the device's rows and at least 8. Why: a CPU's decode step costs about linearly in its rows (W3
+    on 2 cores: 8 slots per thread 5.9 s, 16 slots 7.4-8.4 s, 32 slots 15.2 s; benchmarks/NOTES.md),
+    so the fewest slots that keep the loop's fixed costs small win; an accelerator's step is bound by
+    reading the weights and costs about the same for 8 rows as for 64, so more slots finish sooner."""
+    rows = num_rows // row_devices
+    if decode_slots:
+        return max(1, min(rows, decode_slots // row_devices))
+    if (backend or jax.default_backend()) == "cpu":
+        return min(rows, 8)
+    return min(rows, max(8, rows // 4))
+
+
 def _check_prompts(prompts, num_samples, vocab_size: int) -> None:
     if not prompts:
         raise ValueError("Sampler: prompts is empty; pass at least one list of token ids")
@@ -340,7 +366,8 @@ class Sampler:
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int | Sequence[int], pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-                 decode_segment: int = 64, mesh=None, threads: int = 1):
+                 decode_segment: int = 64, mesh=None, threads: int = 1, engine: str = "static",
+                 decode_slots: int = 0, refill_every: int = 8):
         # Every stop id (`tokenizer.eos_ids`); a row's completion ends at the first of any of them.
         eos_ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
         if not eos_ids:
@@ -374,6 +401,16 @@ class Sampler:
         # side; the samples are the same for any split (`row_keys`). Several devices already decode
         # their rows side by side, so there it is not used.
         self.threads = threads
+        # "static": every row of a call decodes until the longest stops (cheapest for short or
+        # equal lengths). "continuous" (`grpo_jax.continuous`): `decode_slots` slots over all devices
+        # (0: auto), a stopped row's slot refilled with the next waiting row every `refill_every` steps.
+        if engine not in ("static", "continuous"):
+            raise ValueError(f"Sampler engine must be 'static' or 'continuous', got {engine!r}")
+        if not isinstance(decode_slots, int) or decode_slots < 0:
+            raise ValueError(f"Sampler decode_slots must be an int >= 0 (0: auto), got {decode_slots!r}")
+        if not isinstance(refill_every, int) or refill_every < 1:
+            raise ValueError(f"Sampler refill_every must be an int >= 1, got {refill_every!r}")
+        self.engine, self.decode_slots, self.refill_every = engine, decode_slots, refill_every
         self._compiled: dict[tuple, tuple] = {}
         self._param_shardings = None  # the decode layout, from the first params seen
         self.num_traces = 0  # times a prefill/decode pair was traced (= compiled); tests read it
@@ -391,9 +428,15 @@ class Sampler:
                            key_mask_BxS=rows, logits_BxV=rows, positions_B=rows, step=whole,
                            tokens_BxC=rows, logprobs_BxC=rows, done_B=rows)
 
+    def slots_per_device(self, num_rows: int) -> int:
+        """Decode slots on each device for a call (or part) of `num_rows` rows (continuous engine)."""
+        return slots_per_device(num_rows, self._row_devices(), self.decode_slots)
+
     def _functions(self, prompt_len: int, prefill_rows: int, num_rows: int, sampling: SamplingConfig,
-                   rng_impl: str | None):
-        key = (prompt_len, prefill_rows, num_rows, sampling, rng_impl)
+                   rng_impl: str | None, forced: bool = False):
+        if self.engine == "continuous":
+            return self._continuous_functions(prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced)
+        key = ("static", prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced)
         if key not in self._compiled:
             ends = decode_segments(sampling.max_new_tokens, self.decode_segment)
             copies = num_rows // prefill_rows
@@ -404,12 +447,12 @@ class Sampler:
                                 max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
                 return state, jnp.repeat(tokens_MxP, copies, axis=0)
 
-            def decode_fn(params, state, rng, first_row):
+            def decode_fn(params, state, rng, first_row, *forced_length_B):
                 if rng_impl is not None:  # a typed key, passed as its bits (host data, replicated)
                     rng = jax.random.wrap_key_data(rng, impl=rng_impl)
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
                             eos_id=self.eos_ids, pad_id=self.pad_id, segment=self.decode_segment,
-                            first_row=first_row)
+                            first_row=first_row, forced_length_B=forced_length_B[0] if forced else None)
                 mask_BxP = state.key_mask_BxS[:, :prompt_len]
                 c = sampling.max_new_tokens
                 # 1 up to and including the first EOS; all 1 when EOS is ignored.
@@ -427,23 +470,68 @@ class Sampler:
             # One segment: the prefill's cache is updated in place (donated, aliased by the output).
             # Several: each segment's larger cache is new memory, so donating would only warn.
             donate = (1,) if len(ends) == 1 else ()
-            options = _decode_compiler_options()
-            if self.mesh is None:
-                fns = (jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=donate, compiler_options=options))
-            else:
-                # Explicit layouts, so each device's programs take its own rows: params in the
-                # decode layout, rows over ("data", "fsdp") in and out, the key and row offset whole.
-                params_sh, state_sh = self._param_shardings, self._state_shardings()
-                rows, whole = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
-                fns = (sharding.MeshJit(jax.jit(prefill_fn, in_shardings=(params_sh, rows, rows),
-                                                out_shardings=(state_sh, rows)), self.mesh),
-                       sharding.MeshJit(jax.jit(decode_fn, in_shardings=(params_sh, state_sh, whole, whole),
-                                                out_shardings=(state_sh, (rows,) * 5), donate_argnums=donate,
-                                                compiler_options=options), self.mesh))
-            self._compiled[key] = fns
+            self._compiled[key] = self._jit_pair(prefill_fn, decode_fn, self._state_shardings, donate, forced)
         return self._compiled[key]
 
-    def _prepare(self, params, prompts, num_samples: int, sampling: SamplingConfig, rng):
+    def _jit_pair(self, prefill_fn, decode_fn, state_shardings, donate, forced: bool):
+        """(prefill, decode) jitted: with a mesh, explicit layouts, so each device's programs take
+        its own rows: params in the decode layout, rows over ("data", "fsdp") in and out, the key
+        and row offset whole."""
+        options = _decode_compiler_options()
+        if self.mesh is None:
+            return jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=donate, compiler_options=options)
+        params_sh, state_sh = self._param_shardings, state_shardings()
+        rows, whole = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
+        return (sharding.MeshJit(jax.jit(prefill_fn, in_shardings=(params_sh, rows, rows),
+                                         out_shardings=(state_sh, rows)), self.mesh),
+                sharding.MeshJit(jax.jit(decode_fn, in_shardings=(params_sh, state_sh, whole, whole) + (rows,) * forced,
+                                         out_shardings=(state_sh, (rows,) * 5), donate_argnums=donate,
+                                         compiler_options=options), self.mesh))
+
+    def _continuous_functions(self, prompt_len: int, prefill_rows: int, num_rows: int, sampling: SamplingConfig,
+                              rng_impl: str | None, forced: bool):
+        """The continuous engine's pair (`grpo_jax.continuous`): prefill -> (slots, prompt store),
+        then one loop that decodes every row through the slots."""
+        from grpo_jax import continuous
+
+        slots = self.slots_per_device(num_rows)
+        key = ("continuous", prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced, slots, self.refill_every)
+        if key not in self._compiled:
+            d = self._row_devices()
+            copies, rows_per_device = num_rows // prefill_rows, num_rows // d
+
+            def prefill_fn(params, tokens_MxP, mask_MxP):
+                self.num_traces += 1
+                store = continuous.prefill_prompts(nnx.merge(self.graphdef, params), tokens_MxP, mask_MxP)
+                slot_state = continuous.empty_slots(store, devices=d, slots_per_device=slots,
+                                                    rows_per_device=rows_per_device,
+                                                    max_new_tokens=sampling.max_new_tokens, pad_id=self.pad_id)
+                return (slot_state, store), jnp.repeat(tokens_MxP, copies, axis=0)
+
+            def decode_fn(params, state, rng, first_row, *forced_length_B):
+                if rng_impl is not None:
+                    rng = jax.random.wrap_key_data(rng, impl=rng_impl)
+                slot_state, store = state
+                st = continuous.generate(self.graphdef, params, slot_state, store, rng, first_row, devices=d,
+                                         rows_per_device=rows_per_device, sampling=sampling, eos_ids=self.eos_ids,
+                                         pad_id=self.pad_id, refill_every=self.refill_every,
+                                         forced_length_Q=forced_length_B[0] if forced else None)
+                tokens, mask, truncated, logprobs = continuous.outputs(st, eos_ids=self.eos_ids,
+                                                                       ignore_eos=sampling.ignore_eos)
+                return (st, store), (jnp.repeat(store.mask_MxP, copies, axis=0), tokens, mask, truncated, logprobs)
+
+            def state_shardings():
+                rows, whole = sharding.batch_sharding(self.mesh), sharding.replicated(self.mesh)
+                heads = self._state_shardings().caches[0].k_BxKxHxS
+                caches = [KVCache(heads, heads) for _ in range(self.config.num_layers)]
+                slot_state = continuous.SlotState(caches, *([rows] * 10), whole)
+                store = continuous.PromptStore([heads] * len(caches), [heads] * len(caches), rows, rows, rows)
+                return slot_state, store
+
+            self._compiled[key] = self._jit_pair(prefill_fn, decode_fn, state_shardings, (1,), forced)
+        return self._compiled[key]
+
+    def _prepare(self, params, prompts, num_samples: int, sampling: SamplingConfig, rng, forced_lengths=None):
         """Checks a call and lays it out: (params, [(tokens, mask, first_row) per part], the compiled
         pair, the key's bits). A part is one prefill + decode; only a one-device thread split has several."""
         _check_prompts(prompts, num_samples, self.config.vocab_size)
@@ -481,25 +569,39 @@ class Sampler:
         parts = max(k for k in range(1, min(self.threads if one_device else 1, m) + 1) if m % k == 0)
         n = m // parts
         pieces = []
+        rows_per_part = num_prompts * num_samples // parts
+        if forced_lengths is not None:
+            forced_lengths = np.asarray(forced_lengths, np.int32)
+            if forced_lengths.shape != (len(prompts) * num_samples,) or forced_lengths.min() < 1:
+                raise ValueError(f"Sampler forced_lengths: one length >= 1 per row ({len(prompts) * num_samples}), "
+                                 f"got shape {forced_lengths.shape}")
+            forced_parts = np.split(forced_lengths, parts)
         for i, part in enumerate(zip(np.split(tokens, parts), np.split(mask, parts))):
             if self.mesh is not None:  # global arrays, rows over ("data", "fsdp")
                 part = sharding.global_batch(self.mesh, part, n)
-            pieces.append((*part, i * n * num_samples))
+            extra = ()
+            if forced_lengths is not None:
+                extra = (forced_parts[i] if self.mesh is None
+                         else sharding.global_batch(self.mesh, forced_parts[i], rows_per_part),)
+            pieces.append((*part, i * n * num_samples, *extra))
         typed = isinstance(rng, jax.Array) and jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
         rng_impl = str(jax.random.key_impl(rng)) if typed else None
         rng_bits = np.asarray(jax.random.key_data(rng) if typed else rng)
-        fns = self._functions(prompt_len, n, num_prompts * num_samples // parts, sampling, rng_impl)
+        fns = self._functions(prompt_len, n, rows_per_part, sampling, rng_impl, forced=forced_lengths is not None)
         return params, pieces, fns, rng_bits
 
     def __call__(self, params, prompts: list[list[int]], *, num_samples: int, sampling: SamplingConfig,
-                 rng: jax.Array) -> SampleOutput:
-        params, parts, (prefill_fn, decode_fn), rng_bits = self._prepare(params, prompts, num_samples, sampling, rng)
+                 rng: jax.Array, forced_lengths=None) -> SampleOutput:
+        """forced_lengths (benchmarks, tests): one int per row; row r then stops after exactly that
+        many tokens (its last one eos_id), the same rows for either engine."""
+        params, parts, (prefill_fn, decode_fn), rng_bits = self._prepare(params, prompts, num_samples, sampling, rng,
+                                                                         forced_lengths)
 
         def run_part(part) -> SampleOutput:
-            tokens, mask, first_row = part
+            tokens, mask, first_row, *forced = part
             state, prompt_tokens_BxP = prefill_fn(params, tokens, mask)
             mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = decode_fn(
-                params, state, rng_bits, np.int32(first_row))[1]
+                params, state, rng_bits, np.int32(first_row), *forced)[1]
             return SampleOutput(prompt_tokens_BxP=prompt_tokens_BxP, prompt_mask_BxP=mask_BxP, tokens_BxC=tokens_BxC,
                                 mask_BxC=mask_BxC, truncated_B=truncated_B, logprobs_BxC=logprobs_BxC)
 
@@ -518,7 +620,7 @@ class Sampler:
         """The prefill and decode programs that `__call__` with these arguments runs (its first
         part), lowered: `.compile()` gives their input shardings and per-device HLO (`as_text()`)."""
         params, parts, (prefill_fn, decode_fn), rng_bits = self._prepare(params, prompts, num_samples, sampling, rng)
-        tokens, mask, first_row = parts[0]
+        tokens, mask, first_row, *_ = parts[0]
         prefill_lowered = prefill_fn.lower(params, tokens, mask)
         state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefill_lowered.out_info[0])
         return prefill_lowered, decode_fn.lower(params, state, rng_bits, np.int32(first_row))

@@ -2,7 +2,9 @@
 
 `make_update_fn` builds `update(params, opt_state, batch) -> (params, opt_state, metrics)`: one
 jitted call that runs forward, GRPO loss and backward over A micro-batches and one AdamW step
-(params and optimizer state donated). `make_logprob_fn` computes reference (or recomputed pi_old)
+(params and optimizer state donated). `make_chunked_update` is the same update as one program per
+micro-batch plus one for the AdamW step, for micro-batches of different shapes (length buckets,
+`grpo_jax.length_buckets`). `make_logprob_fn` computes reference (or recomputed pi_old)
 log-probs with rows split over the mesh. `prompt_groups` decides where each prompt can run once
 for its G answers. `combine_update_metrics` reduces the metrics of a step's updates. The trainer
 (`grpo_jax.train`) drives them; research code can too.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -145,19 +148,9 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
-def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
-    """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
-
-    The A micro-batches of `batch` run in one jitted call (lax.scan), each contributing its share
-    of the whole batch's loss (module docstring), so accumulation is exact and costs no extra
-    dispatch or host sync. group_size > 1: every micro-batch is whole groups of that many rows
-    sharing a prompt, each prompt run once (`token_logprobs`).
-
-    metrics (float32 scalars): grpo_loss's, `entropy`, `sampling/sampling_logp_difference/mean`
-    (token means over the batch), `loss`, `grad_norm` (before clipping), `num_tokens`, and
-    `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
-    and optimizer state come back unchanged.
-    """
+def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int):
+    """`loss_fn(params, mb, normalizer) -> (loss, (metrics, num_tokens))` of one micro-batch [M, ...]:
+    its share of the whole batch's loss (`normalizer` is the whole batch's), and its metrics."""
 
     def loss_fn(params, mb: UpdateBatch, normalizer):
         num_targets = mb.completion_mask.shape[-1]
@@ -171,6 +164,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             return_entropy=True,
             group_size=group_size,
         )
+        # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
         loss, metrics = losses.grpo_loss(
             logp,
             mb.old_logp,
@@ -198,7 +192,41 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
         metrics["loss"] = loss
         return loss, (metrics, num_tokens)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    return loss_fn
+
+
+def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A):
+    """One AdamW step with the summed gradient of a batch's A micro-batches (their metrics [A]
+    each, their real-token counts tokens_A), skipped when the loss or gradient is not finite."""
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    metrics = _combine_micro_batches(metrics_A, tokens_A)
+    grad_norm = global_norm(grads)
+    # One NaN or inf (a reward, a log-prob, an overflow) would make every weight NaN and Adam's
+    # moments with them: such an update is skipped, params and optimizer state unchanged.
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (new_params, new_opt_state), (params, opt_state))
+    metrics["grad_norm"] = grad_norm
+    metrics["num_tokens"] = tokens_A.sum()
+    metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
+    return params, opt_state, metrics
+
+
+def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
+    """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
+
+    The A micro-batches of `batch` run in one jitted call (lax.scan), each contributing its share
+    of the whole batch's loss (module docstring), so accumulation is exact and costs no extra
+    dispatch or host sync. group_size > 1: every micro-batch is whole groups of that many rows
+    sharing a prompt, each prompt run once (`token_logprobs`).
+
+    metrics (float32 scalars): grpo_loss's, `entropy`, `sampling/sampling_logp_difference/mean`
+    (token means over the batch), `loss`, `grad_norm` (before clipping), `num_tokens`, and
+    `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
+    and optimizer state come back unchanged.
+    """
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size), has_aux=True)
 
     def update(params, opt_state, batch: UpdateBatch):
         num_micro, _, num_targets = batch.completion_mask.shape
@@ -218,21 +246,57 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
 
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, (metrics, tokens_A) = jax.lax.scan(micro_step, zeros, batch)
-        updates, new_opt_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        metrics = _combine_micro_batches(metrics, tokens_A)
-        grad_norm = global_norm(grads)
-        # One NaN or inf (a reward, a log-prob, an overflow) would make every weight NaN and Adam's
-        # moments with them: such an update is skipped, params and optimizer state unchanged.
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         (new_params, new_opt_state), (params, opt_state))
-        metrics["grad_norm"] = grad_norm
-        metrics["num_tokens"] = tokens_A.sum()
-        metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
-        return params, opt_state, metrics
+        return _apply_grads(tx, params, opt_state, grads, metrics, tokens_A)
 
     return jax.jit(update, donate_argnums=(0, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedUpdate:
+    """The update as separate jitted programs, for micro-batches of different shapes (length
+    buckets, `grpo_jax.length_buckets`), which one lax.scan cannot hold. Per optimizer update:
+
+        grads = zeros(params)
+        for mb in micro_batches:                      # UpdateBatch without the [A] axis: [M_k, ...]
+            grads, metrics_k, tokens_k = accumulate(params, grads, mb, normalizer)
+        params, opt_state, metrics = apply(params, opt_state, grads, [metrics_k...], [tokens_k...])
+
+    `normalizer` is the whole batch's `losses.loss_normalizer`, so the sum is the full-batch
+    gradient exactly as in `make_update_fn`, and `apply` reduces the metrics as it does. One
+    program per micro-batch shape; `apply` one per number of micro-batches. `accumulate` donates
+    grads, `apply` params and opt_state.
+    """
+
+    zeros: Callable
+    accumulate: Callable
+    apply: Callable
+
+
+def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
+                        opt_state, group_size: int = 1) -> ChunkedUpdate:
+    """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
+    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated."""
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size), has_aux=True)
+
+    def accumulate(params, grad_sum, mb: UpdateBatch, normalizer):
+        (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer)
+        return jax.tree.map(jnp.add, grad_sum, grads), metrics, tokens
+
+    def apply(params, opt_state, grads, metrics_list, tokens_list):
+        metrics_A = jax.tree.map(lambda *xs: jnp.stack(xs), *metrics_list)
+        return _apply_grads(tx, params, opt_state, grads, metrics_A, jnp.stack(tokens_list))
+
+    p_sh = sharding.param_shardings(mesh, params)
+    o_sh = sharding.opt_state_shardings(mesh, opt_state, params)
+    rows, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    return ChunkedUpdate(
+        zeros=jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(p_sh,), out_shardings=p_sh),
+        accumulate=sharding.MeshJit(jax.jit(accumulate, in_shardings=(p_sh, p_sh, rows, rep),
+                                            out_shardings=(p_sh, rep, rep), donate_argnums=1), mesh),
+        # grads is not donated to apply: params and opt_state take every output buffer already.
+        apply=jax.jit(apply, in_shardings=(p_sh, o_sh, p_sh, rep, rep), out_shardings=(p_sh, o_sh, rep),
+                      donate_argnums=(0, 1)),
+    )
 
 
 def make_logprob_fn(

@@ -179,6 +179,7 @@ def _same_rows(got_rows, want_rows):
             assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
 
 
+@pytest.mark.slow  # ~30 s; the two-process training test runs by default
 def test_two_processes_run_dynamic_sampling_and_the_sft_warm_up_as_one_process(tmp_path):
     # Before: both were refused on several processes. The resample decision is taken from the
     # gathered rewards (the same on every process), and the SFT warm-up feeds each process's

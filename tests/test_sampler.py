@@ -267,7 +267,7 @@ def test_threads_split_the_prompts_and_sample_the_same(model):
         sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=threads)
         outs[threads] = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
         # One compiled program, for parts of 4 / threads prompts each: the split did happen.
-        assert sampler.num_traces == 1 and list(sampler._compiled)[0][1] == 4 // threads
+        assert sampler.num_traces == 1 and list(sampler._compiled)[0][2] == 4 // threads
     assert outs[1].tokens_BxC.shape == (12, 5)
     for threads in (2, 4):
         for field in ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B"):
@@ -282,7 +282,7 @@ def test_threads_split_the_prompts_and_sample_the_same(model):
     # 3 prompts over 2 threads: no equal split, so one part (no second compiled shape).
     odd = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=2)
     odd(params, prompts[:3], num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(5))
-    assert odd.num_traces == 1 and list(odd._compiled)[0][1] == 3
+    assert odd.num_traces == 1 and list(odd._compiled)[0][2] == 3
     with pytest.raises(ValueError, match="threads"):
         S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, threads=0)
 
@@ -313,7 +313,7 @@ def test_threads_on_a_one_device_mesh_sample_the_same_rows_sharded(model):
         params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
     sampler = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, threads=2)
     out = sampler(params, prompts, num_samples=3, sampling=sampling, rng=jax.random.PRNGKey(5))
-    assert list(sampler._compiled)[0][1] == 2  # two parts of 2 prompts
+    assert list(sampler._compiled)[0][2] == 2  # two parts of 2 prompts
     for field in ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B"):
         got = getattr(out, field)
         assert got.sharding.is_equivalent_to(sharding.batch_sharding(mesh), got.ndim), field

@@ -22,7 +22,8 @@ _ROW_AXES = ("data", "fsdp")
 
 
 def constrain_rows(x: jax.Array) -> jax.Array:
-    """`x` with its leading (row) axis split over the mesh's ("data", "fsdp") axes, the rest whole.
+    """`x` with its leading (row) axis split over the mesh's ("data", "fsdp") axes (the rest as XLA
+    chooses, which can then no longer split them over fsdp).
 
     Only under a mesh set with `jax.set_mesh` (the trainer's jitted calls); a no-op otherwise or
     when the rows do not divide. Why: with the weights sharded on their hidden dimension over fsdp,
@@ -35,7 +36,8 @@ def constrain_rows(x: jax.Array) -> jax.Array:
         return x
     if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
         return x
-    return jax.lax.with_sharding_constraint(x, P(_ROW_AXES, *([None] * (x.ndim - 1))))
+    # The other axes unconstrained: a tensor-parallel dimension (heads, MLP width) stays split.
+    return jax.lax.with_sharding_constraint(x, P(_ROW_AXES, *([P.UNCONSTRAINED] * (x.ndim - 1))))
 
 
 def dense(x_BxTxD: jax.Array, w_DxF: jax.Array) -> jax.Array:

@@ -148,7 +148,8 @@ class Attention(nnx.Module):
         cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
         returned KVCache holds them (keys [B, K, H, T], values [B, K, T, H]). Otherwise this step's
         k/v are written into the cache at write_index (dynamic_update_slice) and the updated cache
-        is returned.
+        is returned; write_index is one slot for every row, or (T = 1) one per row, [B] (the
+        continuous sampler's rows are at different steps).
         key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
         key_mask[b, s] and s <= q (causal).
         """
@@ -158,21 +159,29 @@ class Attention(nnx.Module):
         n, hd = c.num_heads, c.head_dim
         q, k, v = self._qkv(x_BxTxD, rope)
         k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+        write_index = jnp.asarray(write_index, jnp.int32)
         if cache is None:
             cache = KVCache(k_BxKxHxT, v_BxKxTxH)
+        elif write_index.ndim == 1:  # one slot per row (continuous batching: rows at different steps)
+            cache = KVCache(_write_per_row(cache.k_BxKxHxS, k_BxKxHxT, write_index, axis=2),
+                            _write_per_row(cache.v_BxKxSxH, v_BxKxTxH, write_index, axis=1))
         else:
-            zero, slot = jnp.zeros((), jnp.int32), jnp.asarray(write_index, jnp.int32)
+            zero = jnp.zeros((), jnp.int32)
             cache = KVCache(
                 jax.lax.dynamic_update_slice(cache.k_BxKxHxS, k_BxKxHxT.astype(cache.k_BxKxHxS.dtype),
-                                             (zero, zero, zero, slot)),
+                                             (zero, zero, zero, write_index)),
                 jax.lax.dynamic_update_slice(cache.v_BxKxSxH, v_BxKxTxH.astype(cache.v_BxKxSxH.dtype),
-                                             (zero, zero, slot, zero)),
+                                             (zero, zero, write_index, zero)),
             )
         keys, values = cache.k_BxKxHxS.astype(dt), cache.v_BxKxSxH.astype(dt)
         s = keys.shape[3]
-        q_slot_T = jnp.asarray(write_index, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+        # Query slots: one for every row ([T]) or a row's own ([B, T]); visible up to the query's.
+        if write_index.ndim == 0:
+            q_slot_xT = (write_index + jnp.arange(t, dtype=jnp.int32))[None, :]
+        else:
+            q_slot_xT = write_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
         visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
-            jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_T[None, :, None]
+            jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_xT[:, :, None]
         )
         kernel = attend_one_query if t == 1 else attend
         out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
@@ -183,6 +192,18 @@ class Attention(nnx.Module):
         # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
         out_BxTxNH = out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * hd)
         return dense(out_BxTxNH, o_KxGxHxD.reshape(n * hd, c.hidden_size)), cache
+
+
+def _write_per_row(cache_BxX, new_BxX, write_index_B, axis: int):
+    """cache with row b's new entries written at slot write_index_B[b] along `axis` (of the row's
+    own [K, H, S] or [K, S, H] block): a batched dynamic_update_slice, in place under a donated
+    while_loop carry, and local to each device when rows are split over devices."""
+    def one(c, x, w):
+        start = [jnp.zeros((), jnp.int32)] * c.ndim
+        start[axis] = w
+        return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), start)
+
+    return jax.vmap(one)(cache_BxX, new_BxX, write_index_B)
 
 
 class MLP(nnx.Module):
