@@ -114,37 +114,25 @@ def update_phase(grpo, mesh, graphdef, params, tx, host) -> dict:
             "metrics": [{k: float(v) for k, v in m.items()} for m in metrics], "ctx": ctx}
 
 
-def mean_of_means_gradient(ctx, graphdef, params, host, aggregation, mesh):
-    """The bucketed chunks with each chunk's own normaliser: what the split must not do."""
+def chunked_gradient(ctx, params, host, mesh, *, own_normalizer: bool):
+    """The gradient summed over the bucketed chunks: each chunk over the batch's normaliser (the
+    driver's, right), or over its own (`own_normalizer`: the mean of means the split must not do)."""
     fns, rows = ctx.bucketing.update, device_rows(mesh, host)
+    aggregation = ctx.config.grpo.aggregation
     params = sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     full = step_lib.UpdateBatch(tokens=rows["tokens"], attention=rows["attention"],
                                 completion_mask=rows["completion_mask"], advantages=rows["advantages"],
                                 old_logp=rows["sampler_logp"], sampler_logp=rows["sampler_logp"],
                                 ref_logp=rows["sampler_logp"])
     chunks = ctx.bucketing.update_chunks(rows["completion_lengths"], np.arange(B), prompt_len=P, max_len=C)
+    batch_normalizer = losses.loss_normalizer(jnp.asarray(host["completion_mask"]), aggregation, max_len=C)
     grads = fns.zeros(params)
     for chunk in chunks:
         mb = length_buckets.take(full, chunk, C, mesh)
-        own = losses.loss_normalizer(mb.completion_mask, aggregation, max_len=C)
-        grads, _, _ = fns.accumulate(params, grads, mb, own)
+        normalizer = losses.loss_normalizer(mb.completion_mask, aggregation, max_len=C) if own_normalizer \
+            else batch_normalizer
+        grads, _, _ = fns.accumulate(params, grads, mb, normalizer)
     return jax.tree.map(np.asarray, grads), chunks
-
-
-def correct_gradient(ctx, params, host, mesh):
-    """The same chunks with the batch's normaliser (the driver's), for the mean-of-means comparison."""
-    fns, rows = ctx.bucketing.update, device_rows(mesh, host)
-    params = sharding.put_sharded(params, sharding.param_shardings(mesh, params))
-    full = step_lib.UpdateBatch(tokens=rows["tokens"], attention=rows["attention"],
-                                completion_mask=rows["completion_mask"], advantages=rows["advantages"],
-                                old_logp=rows["sampler_logp"], sampler_logp=rows["sampler_logp"],
-                                ref_logp=rows["sampler_logp"])
-    chunks = ctx.bucketing.update_chunks(rows["completion_lengths"], np.arange(B), prompt_len=P, max_len=C)
-    normalizer = losses.loss_normalizer(jnp.asarray(host["completion_mask"]), ctx.config.grpo.aggregation, max_len=C)
-    grads = fns.zeros(params)
-    for chunk in chunks:
-        grads, _, _ = fns.accumulate(params, grads, length_buckets.take(full, chunk, C, mesh), normalizer)
-    return jax.tree.map(np.asarray, grads)
 
 
 def relative_difference(a_tree, b_tree) -> float:
@@ -168,8 +156,8 @@ def compare(mesh, aggregation: str, graphdef, params) -> dict:
     grad_off = jax.tree.map(lambda a, b: a - b, before, off["params"])
     grad_on = jax.tree.map(lambda a, b: a - b, before, on["params"])
     real = host["completion_mask"] != 0
-    wrong, chunks = mean_of_means_gradient(on["ctx"], graphdef, params, host, aggregation, mesh)
-    right = correct_gradient(on["ctx"], params, host, mesh)
+    wrong, chunks = chunked_gradient(on["ctx"], params, host, mesh, own_normalizer=True)
+    right, _ = chunked_gradient(on["ctx"], params, host, mesh, own_normalizer=False)
     # The bucketed log-prob pass computes each row's first L columns (L: its chunk's rung) and
     # writes nothing beyond them.
     chunk_length = np.zeros(B, int)
