@@ -291,3 +291,27 @@ def test_a_delegated_cgroup_v2_gets_the_verdicts_limits(fake_cgroup_v2):
                                       output_bytes=1 << 20, max_procs=16)
     assert lines == ['{"ok": ["i", "5"]}'] and report["cgroup"]
     assert _read(cg, "cgroup.procs") == "0"  # "move the writer", i.e. the harness
+
+
+@pytest.mark.skipif(not ISO["minimal_root"], reason="this machine gives no minimal root at all")
+def test_a_python_installed_under_tmp_still_gets_the_minimal_root(tmp_path):
+    # A CI checkout under /tmp puts its venv there. Before: binding that venv into the root made
+    # the root's /tmp exist before the private /tmp tmpfs was mounted ("File exists"), and the
+    # sandbox fell back to one where candidates read the host's files.
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+    import venv
+
+    assert str(tmp_path).startswith(tempfile.gettempdir())
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, sysconfig.get_paths()["purelib"]]))
+    probe = "import json; from grpo_jax.rewards.code import sandbox_isolation; print(json.dumps(sandbox_isolation()))"
+    proc = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["minimal_root"] and got["isolate"], got
+    assert sys.prefix != str(tmp_path / "venv")

@@ -178,6 +178,12 @@ def _build_root(new, hide, tmpfs_mb):
     """A minimal root at `new`: read-only system dirs and Python, a few devices, a fresh /proc, and
     private /tmp and /dev/shm tmpfs (`tmpfs_mb` each) that vanish with the mount namespace."""
     _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4m,mode=755")
+    # The private /tmp and /dev/shm first: a Python install under /tmp (a venv in a CI checkout
+    # there) is then bound inside the private /tmp, instead of the tmpfs hiding it or its mount
+    # point making /tmp exist already (which stopped the whole root: "File exists").
+    for d in ("/tmp", "/dev/shm"):
+        os.makedirs(new + d)
+        _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
     for path, kind in _root_plan(hide):
         if kind == "link":
             os.symlink(os.readlink(path), new + path)  # merged /usr: /bin -> usr/bin
@@ -185,15 +191,11 @@ def _build_root(new, hide, tmpfs_mb):
             _bind(path, new + path)
         else:
             _mount("tmpfs", new + path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "size=4k,mode=755")
-    os.makedirs(new + "/dev")
     for name in _DEVICES:
         _bind(f"/dev/{name}", f"{new}/dev/{name}", read_only=False)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{new}/dev/{name}")
-    for d in ("/tmp", "/dev/shm"):
-        os.makedirs(new + d)
-        _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
     os.makedirs(new + "/proc")
     try:
         _mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
