@@ -38,6 +38,8 @@ import jax.numpy as jnp
 
 from grpo_jax.model import KVCache, default_positions
 from grpo_jax.model.kernels import constrain_rows
+# The static engine's pieces (grpo_jax.sampler imports this module only inside a function).
+from grpo_jax.sampler import _sample, decode_step, force_lengths, is_stop, row_keys
 
 
 class PromptStore(NamedTuple):
@@ -156,30 +158,11 @@ def refill(st: SlotState, store: PromptStore, *, devices: int, rows_per_device: 
     )
 
 
-def force_lengths(logits_SxV, step_S, length_S, eos_id: int, stop_ids: tuple[int, ...]):
-    """Logits that make a row stop after exactly length_S[s] tokens (0: leave the row alone):
-    every logit but `eos_id`'s is -inf at step length - 1, and every stop id's before it. For
-    benchmarks whose completion lengths are fixed in advance (the same for every engine)."""
-    v = logits_SxV.shape[-1]
-    ids = jnp.arange(v, dtype=jnp.int32)
-    is_stop_V = jnp.zeros((v,), bool)
-    for e in stop_ids:
-        is_stop_V = is_stop_V | (ids == e)
-    forced = length_S > 0
-    last = forced & (step_S == length_S - 1)
-    before = forced & (step_S < length_S - 1)
-    neg_inf = jnp.array(-jnp.inf, logits_SxV.dtype)
-    logits_SxV = jnp.where(last[:, None] & (ids != eos_id)[None, :], neg_inf, logits_SxV)
-    return jnp.where(before[:, None] & is_stop_V[None, :], neg_inf, logits_SxV)
-
-
 def generate(graphdef, params, st: SlotState, store: PromptStore, rng, first_row, *, devices: int,
              rows_per_device: int, sampling, eos_ids: tuple[int, ...], pad_id: int, refill_every: int,
              forced_length_Q=None) -> SlotState:
     """Decodes every row through the slots (module docstring); returns the final state, whose
     tokens_QxC / logprobs_QxC / length_Q hold every row's completion."""
-    from grpo_jax.sampler import _sample, decode_step, is_stop, row_keys  # the static sampler's pieces
-
     d, q = devices, rows_per_device
     c = sampling.max_new_tokens
     p = store.mask_MxP.shape[1]
@@ -233,8 +216,6 @@ def generate(graphdef, params, st: SlotState, store: PromptStore, rng, first_row
 
 def outputs(st: SlotState, *, eos_ids: tuple[int, ...], ignore_eos: bool):
     """(tokens_BxC, mask_BxC, truncated_B, logprobs_BxC) in row order, as the static sampler's."""
-    from grpo_jax.sampler import is_stop
-
     c = st.tokens_QxC.shape[1]
     mask = (jnp.arange(c, dtype=jnp.int32)[None, :] < st.length_Q[:, None]).astype(jnp.int32)
     if ignore_eos:

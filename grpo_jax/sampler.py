@@ -228,6 +228,23 @@ def is_stop(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return hit
 
 
+def force_lengths(logits_SxV, step_S, length_S, eos_id: int, stop_ids: tuple[int, ...]):
+    """Logits that make a row stop after exactly length_S[s] tokens (0: leave the row alone):
+    every logit but `eos_id`'s is -inf at step length - 1, and every stop id's before it. For
+    benchmarks whose completion lengths are fixed in advance (the same for every engine)."""
+    v = logits_SxV.shape[-1]
+    ids = jnp.arange(v, dtype=jnp.int32)
+    is_stop_V = jnp.zeros((v,), bool)
+    for e in stop_ids:
+        is_stop_V = is_stop_V | (ids == e)
+    forced = length_S > 0
+    last = forced & (step_S == length_S - 1)
+    before = forced & (step_S < length_S - 1)
+    neg_inf = jnp.array(-jnp.inf, logits_SxV.dtype)
+    logits_SxV = jnp.where(last[:, None] & (ids != eos_id)[None, :], neg_inf, logits_SxV)
+    return jnp.where(before[:, None] & is_stop_V[None, :], neg_inf, logits_SxV)
+
+
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
            eos_id: int | tuple[int, ...], pad_id: int, segment: int | None = None, first_row=0,
            forced_length_B=None) -> DecodeState:
@@ -238,7 +255,7 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
     so attention covers only the slots the segment can have filled; the samples are the same.
     Row b of this batch is global row first_row + b: its noise comes from `row_keys`.
-    forced_length_B (benchmarks): row b stops after exactly that many tokens (`continuous.force_lengths`).
+    forced_length_B (benchmarks): row b stops after exactly that many tokens (`force_lengths`).
     """
     c = sampling.max_new_tokens
     eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
@@ -249,8 +266,6 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
     def record(st: DecodeState) -> DecodeState:
         logits_BxV = st.logits_BxV
         if forced_length_B is not None:
-            from grpo_jax.continuous import force_lengths
-
             logits_BxV = force_lengths(logits_BxV, jnp.broadcast_to(st.step, (b,)), forced_length_B, eos_ids[0], eos_ids)
         token_B, logp_B = _sample(logits_BxV, keys_B, st.step, sampling)
         token_B = jnp.where(st.done_B, pad_id, token_B)

@@ -20,8 +20,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
-from grpo_jax.continuous import force_lengths
-from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.sampler import Sampler, SamplingConfig, force_lengths
 
 TESTS = Path(__file__).parent
 CONFIG = M.ModelConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
