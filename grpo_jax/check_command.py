@@ -275,12 +275,14 @@ class Abstract:
     """The run's state as shapes and shardings: what `run_context.build` would allocate."""
 
     graphdef: object
-    params: object  # ShapeDtypeStructs in the training layout
+    params: object  # ShapeDtypeStructs in the training layout (under LoRA the frozen base)
     opt_state: object
-    ref: object | None  # None when grpo.beta == 0
+    ref: object | None  # None when grpo.beta == 0 (and under LoRA, whose reference is the base)
     tx: object
     decode_shardings: object  # the sampler's layout (sharding.decode_param_shardings)
     separate_decode_copy: bool  # whether the sampler's weights are a second copy
+    adapters: object | None = None  # LoRA: what trains (and what opt_state is over)
+    lora: object | None = None  # LoRA: the lora.LoraSpec
 
 
 def abstract_state(config, model_config, mesh) -> Abstract:
@@ -293,11 +295,26 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     from grpo_jax import optim, sharding
     from grpo_jax import step as step_lib
 
-    g, seed = config.grpo, config.model.init_seed
+    from grpo_jax import lora as lora_lib
+
+    g, seed, m = config.grpo, config.model.init_seed, config.model
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, seed)))
     params = jax.eval_shape(lambda: nnx.split(model_lib.init_model(model_config, seed))[1])
     params = _with_shardings(params, sharding.param_shardings(mesh, params))
     tx, _ = optim.make_optimizer(config.optim, config.train.steps * g.num_iterations * g.num_minibatches)
+    spec = lora_lib.LoraSpec.from_model_section(m)
+    if spec is not None:  # adapters train over a frozen base (run_context.lora_state)
+        if m.lora_base_dtype == "bfloat16":
+            params = _with_shardings(jax.eval_shape(lambda p: step_lib.as_dtype(p, jnp.bfloat16), params),
+                                     sharding.param_shardings(mesh, params))
+        adapters = jax.eval_shape(lambda p: lora_lib.init_adapters(p, spec.targets, spec.rank, jax.random.PRNGKey(0),
+                                                                   m.lora_init), params)
+        adapters = _with_shardings(adapters, sharding.param_shardings(mesh, adapters))
+        opt_state = jax.eval_shape(tx.init, adapters)
+        opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, adapters))
+        decode_sh = sharding.decode_param_shardings(mesh, params)
+        # The sampler decodes from a merged copy: always a second set of weights.
+        return Abstract(graphdef, params, opt_state, None, tx, decode_sh, True, adapters=adapters, lora=spec)
     opt_state = jax.eval_shape(tx.init, params)
     opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, params))
     ref = None
@@ -333,6 +350,13 @@ def decode_copy(st: Abstract, model_config):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
         x.shape, dtype if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=s),
         st.params, st.decode_shardings)
+
+
+def merged_policy(st: Abstract):
+    """LoRA: the merged policy params (what the pi_old pass and the sampler read), training layout."""
+    import jax
+
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, st.lora.merge_dtype, sharding=x.sharding), st.params)
 
 
 def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: int, stop_ids, pad_id
@@ -379,39 +403,45 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
 
     update_group, logprob_group = step_lib.prompt_groups(g, rows_per_micro, row_devices)
     logprob_fn = step_lib.make_logprob_fn(st.graphdef, s_cfg.temperature, mesh=mesh, params=st.params,
-                                          group_size=logprob_group)
+                                          group_size=logprob_group,
+                                          row_chunks=step_lib.logprob_row_chunks(g, row_devices, logprob_group))
     tokens, attention = arr((rows, seq), i32), arr((rows, seq), i32)
-    if st.ref is not None:
-        programs["logprobs_ref"] = _compile("logprobs_ref", logprob_fn.jitted.lower(st.ref, tokens, attention, c))
-    if g.old_logprobs == "recompute":
+    reference = st.ref if st.lora is None else (st.params if g.beta > 0 else None)
+    if reference is not None:
+        programs["logprobs_ref"] = _compile("logprobs_ref", logprob_fn.jitted.lower(reference, tokens, attention, c))
+    if g.resolved_old_logprobs() == "recompute":
+        policy = st.params if st.lora is None else merged_policy(st)
         programs["logprobs_policy"] = _compile("logprobs_policy",
-                                               logprob_fn.jitted.lower(st.params, tokens, attention, c))
+                                               logprob_fn.jitted.lower(policy, tokens, attention, c))
 
+    trainable, frozen = (st.params, ()) if st.lora is None else (st.adapters, (st.params,))
     update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group),
-        mesh, st.params, st.opt_state)
+        step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group, lora=st.lora),
+        mesh, trainable, st.opt_state, frozen=frozen[0] if frozen else None)
     a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
     per_token = arr((a, rows_per_micro, c), f32, mb_sh)
     batch = step_lib.UpdateBatch(
         tokens=arr((a, rows_per_micro, seq), i32, mb_sh), attention=arr((a, rows_per_micro, seq), i32, mb_sh),
         completion_mask=arr((a, rows_per_micro, c), i32, mb_sh), advantages=arr((a, rows_per_micro), f32, mb_sh),
-        old_logp=per_token, sampler_logp=per_token, ref_logp=per_token if st.ref is not None else None)
-    programs["update"] = _compile("update", update_fn.lower(st.params, st.opt_state, batch))
+        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token, ref_logp=per_token if st.ref is not None else None)
+    programs["update"] = _compile("update", update_fn.lower(trainable, st.opt_state, batch, *frozen))
     return programs
 
 
 def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_decode_copy: bool
                 ) -> dict[str, tuple[dict[str, int], Program]]:
     """phase -> (arrays alive meanwhile that the program does not take, the program in use)."""
-    rollout = {"opt_state": sizes["opt_state"], "reference": sizes["reference"]}
+    lora = sizes["adapters"] > 0  # then "params" is the frozen base, which is also the reference
+    rollout = {"opt_state": sizes["opt_state"], "reference": sizes["reference"], "adapters": sizes["adapters"]}
     if separate_decode_copy:  # the training-layout params stay; the decode copy is an argument
         rollout["params"] = sizes["params"]
     phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
-    for name, others in (("logprobs_ref", {"params": sizes["params"]}),
-                         ("logprobs_policy", {"reference": sizes["reference"]})):
+    # The reference pass reads the base under LoRA; the pi_old pass reads a merged copy beside it.
+    for name, others in (("logprobs_ref", {"params": 0 if lora else sizes["params"]}),
+                         ("logprobs_policy", {"reference": sizes["reference"], "params": sizes["params"] if lora else 0})):
         if name in programs:
-            phases[name] = ({**others, "opt_state": sizes["opt_state"], "step_rows": sizes["step_rows"]},
-                            programs[name])
+            phases[name] = ({**others, "adapters": sizes["adapters"], "opt_state": sizes["opt_state"],
+                             "step_rows": sizes["step_rows"]}, programs[name])
     phases["update"] = ({"reference": sizes["reference"], "step_rows": sizes["step_rows"]}, programs["update"])
     return phases
 
@@ -449,7 +479,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     act_bytes = 2 if model_config.dtype == "bfloat16" else 4
     # The step's rows during the log-prob pass and the update (phases.device_rows): tokens and
     # attention [S], completion mask and sampler log-probs [C], an advantage, ref / old log-probs [C].
-    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.old_logprobs == "recompute"))
+    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.resolved_old_logprobs() == "recompute"))
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
     cache_tokens = local_rows * seq
     if config.sampling.resolved_engine() == "continuous":  # its slots, plus the prompt store
@@ -457,17 +487,19 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         m_local = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices) // row_devices
         slots = target_slots(config, rows, row_devices)
         cache_tokens = slots * seq + m_local * prompt_len
+    trainable = st.params if st.lora is None else st.adapters
     sizes = {
         "params": bytes_per_device(st.params),
+        "adapters": bytes_per_device(st.adapters) if st.lora is not None else 0,
         "opt_state": bytes_per_device(st.opt_state),
         "reference": bytes_per_device(st.ref) if st.ref is not None else 0,
-        "gradients": bytes_per_device(st.params),  # float32 in the params' layout, inside the update's temp
+        "gradients": bytes_per_device(trainable),  # float32 in the trainable's layout, inside the update's temp
         "kv_cache": cache_tokens * kv_per_token,
         "decode_weights": bytes_per_device(decode_copy(st, model_config))
         if st.separate_decode_copy else 0,
         "step_rows": local_rows * per_row,
     }
-    state = sizes["params"] + sizes["opt_state"] + sizes["reference"]
+    state = sizes["params"] + sizes["adapters"] + sizes["opt_state"] + sizes["reference"]
 
     programs = {}
     if compile_programs:
@@ -492,6 +524,8 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "devices": n,
         "mesh": dict(mesh.shape),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
+                  "trainable_params": sum(math.prod(x.shape) for x in jax.tree.leaves(trainable)),
+                  "lora_r": config.model.lora_r,
                   "num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
                   "num_heads": model_config.num_heads, "num_kv_heads": kv_heads, "vocab_size": model_config.vocab_size,
                   "dtype": model_config.dtype, "param_dtype": model_config.param_dtype},
@@ -500,6 +534,9 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
                     "micro_batches": g.grad_accum_steps},
         "per_device_bytes": sizes,
         "state_bytes": state + sizes["gradients"],
+        # What training adds to the weights: the trainable params, their gradients and Adam state.
+        "trainable_state_bytes": bytes_per_device(trainable) * (st.lora is not None) + sizes["opt_state"]
+        + sizes["gradients"] + (0 if st.lora is not None else sizes["params"]),
         "programs": {k: {**dataclasses.asdict(p), "peak": p.peak} for k, p in programs.items()},
         "phases": phase_bytes,
         "peak": {"phase": peak_name, "bytes": peak, "parts": parts},
@@ -525,11 +562,15 @@ def format_report(f: dict) -> str:
              f"{r['new_tokens']} new tokens); update: {r['micro_batches']} micro-batch(es) of "
              f"{r['update_rows_per_micro_batch']} rows", "",
              "per device                      bytes          GiB"]
-    labels = {"params": "params (fp32 masters)", "opt_state": "Adam state", "reference": "reference",
+    frozen = m.get("lora_r", 0) > 0
+    labels = {"params": "frozen base (LoRA)" if frozen else "params (fp32 masters)",
+              "adapters": f"LoRA adapters (r={m.get('lora_r')})", "opt_state": "Adam state", "reference": "reference",
               "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
               "decode_weights": "sampler weights copy", "step_rows": "step's row arrays"}
-    lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items()]
+    lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items() if k != "adapters" or frozen]
     lines.append(f"  {'params+Adam+ref+grads':<28}{f['state_bytes']:>14,} {f['state_bytes'] / 2**30:>9.3f}")
+    lines.append(f"  {'trainable (+Adam, grads)':<28}{f['trainable_state_bytes']:>14,} "
+                 f"{f['trainable_state_bytes'] / 2**30:>9.3f}   ({count(m['trainable_params'])} params train)")
     if f["programs"]:
         lines += ["", "compiled programs (per device)   argument     output      alias       temp   "
                       "in use   compile"]

@@ -53,6 +53,16 @@ class ModelSection:
     # each layer's input, for ~1/3 more forward compute. `python -m grpo_jax check` shows both.
     remat: bool = False
     init_seed: int = 0
+    # LoRA (TRL's ModelConfig names; grpo_jax.lora): lora_r > 0 trains rank-r adapters on the
+    # lora_target_modules (HF names, or the presets "attention" / "all-linear") of a frozen base,
+    # which is also the reference policy; 0 trains every weight. B starts at 0 (step 0 = the base);
+    # A as peft's "kaiming" (default) or "gaussian". The base may be stored in bfloat16.
+    lora_r: int = 0
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    lora_init: Literal["kaiming", "gaussian"] = "kaiming"
+    lora_base_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def tokenizer_spec(self) -> str:
         """The tokenizer this model uses: `tokenizer`, else `hf_path`'s, else the demo's."""
@@ -113,7 +123,18 @@ class GRPOSection:
     num_iterations: int = 1  # mu: passes over each batch
     num_minibatches: int = 1  # optimizer steps per pass
     grad_accum_steps: int = 1  # micro-batches summed into one optimizer step
-    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    # pi_old of the clipped ratio. "auto": the trainer's log-probs when the sampler correction is
+    # on (read inside the loss when each batch gets one update, else a separate pass: "recompute"),
+    # the sampler's when it is off. "sampler" takes the sampler's as pi_old (no correction possible).
+    old_logprobs: Literal["auto", "sampler", "recompute"] = "auto"
+    # Sampler/trainer mismatch (TRL's names and defaults): each token's clipped term is weighted by
+    # pi_old / pi_sampler, truncated to or masked outside the clip band (losses.sampler_correction).
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"] = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    # None: 1 / clip_max in the mask modes, no lower bound in the truncate modes (TRL: none in both).
+    vllm_importance_sampling_clip_min: float | None = None
     mask_truncated_completions: bool = False
     # A truncated completion never reached its final answer (seed, defence 3): "at_most_zero" caps
     # its reward at 0 (penalties still apply); "as_scored" keeps what the reward functions said.
@@ -127,6 +148,16 @@ class GRPOSection:
     ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps (beta > 0)
     # Update/log-prob passes on length-sorted rows cut to bucketed lengths; auto: where it runs fewer tokens.
     bucket_by_length: Literal["auto", "on", "off"] = "auto"
+
+    def resolved_old_logprobs(self) -> Literal["sampler", "recompute", "in_loss"]:
+        """Where pi_old comes from: the sampler's log-probs, a separate trainer pass over the batch
+        before its updates, or the trainer's own log-probs inside the loss (stop_gradient): exact
+        when the batch gets one update, whose params are pi_old's, and free."""
+        if self.old_logprobs == "auto":
+            if not self.vllm_importance_sampling_correction:
+                return "sampler"
+            return "in_loss" if self.num_iterations * self.num_minibatches == 1 else "recompute"
+        return self.old_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +218,9 @@ class TrainSection:
     # works without a network); () for none. Each is skipped with a log line when not installed.
     report_to: tuple[str, ...] = ("tensorboard",)
     wandb_project: str = "grpo_jax"
+    # Asynchronous rollouts: step n's batch is sampled from the params of step max(0, n - 1 - k),
+    # so it runs while the k steps before it update. 0: the synchronous loop. See grpo_jax.async_rollouts.
+    max_staleness: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +233,9 @@ class MeshSection:
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    # > 0 (with train.max_staleness >= 1): the last this-many devices sample, on their own mesh
+    # (rows over them, weights whole on each); data x fsdp x tensor is laid over the rest and trains.
+    rollout_devices: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +358,8 @@ def validate(config: Config) -> None:
         ("train.reward_timeout_s", t.reward_timeout_s),
         ("grpo.advantage_eps", g.advantage_eps),
         ("grpo.max_resample_rounds", g.max_resample_rounds),
+        ("train.max_staleness", t.max_staleness),
+        ("mesh.rollout_devices", config.mesh.rollout_devices),
     ]:
         _positive(key, value, allow_zero=True)
     for sink in t.report_to:
@@ -335,10 +374,48 @@ def validate(config: Config) -> None:
             "weight never moves. Keep model.param_dtype='float32' and set model.dtype='bfloat16' to compute "
             "in bf16 (and grpo.ref_dtype='bfloat16' for a bf16 reference)"
         )
+    if m.lora_r < 0:
+        raise ConfigError(f"model.lora_r={m.lora_r} must be >= 0 (0: full fine-tuning)")
+    if m.lora_r:
+        if m.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_alpha={m.lora_alpha} must be > 0 (the adapters' scale is alpha / r)")
+        if m.lora_dropout:
+            raise ConfigError(
+                f"model.lora_dropout={m.lora_dropout}: grpo_jax merges the adapters into the weights (W + "
+                "alpha/r * A @ B), which leaves no adapter-only input to drop; set it to 0")
+        from grpo_jax.lora import resolve_targets  # noqa: PLC0415 - config stays importable on its own
+
+        try:
+            resolve_targets(m.lora_target_modules)
+        except ValueError as e:
+            raise ConfigError(f"model.lora_target_modules={list(m.lora_target_modules)}: {e}") from None
+        if g.ref_resync_every:
+            raise ConfigError(
+                f"grpo.ref_resync_every={g.ref_resync_every} with model.lora_r={m.lora_r}: the reference is the "
+                "frozen base itself; set grpo.ref_resync_every=0")
     if g.ref_resync_every and g.beta == 0:
         raise ConfigError(
             f"grpo.ref_resync_every={g.ref_resync_every} does nothing with grpo.beta=0: no reference model is "
             "used (or kept, or checkpointed); set grpo.beta > 0 or grpo.ref_resync_every=0"
+        )
+    clip_max, clip_min = g.vllm_importance_sampling_clip_max, g.vllm_importance_sampling_clip_min
+    if clip_max is not None and clip_max <= 0:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_max={clip_max} must be > 0 (or None: no upper bound)")
+    if clip_min is not None and clip_min < 0:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be >= 0 (or None)")
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be below "
+                          f"grpo.vllm_importance_sampling_clip_max={clip_max}")
+    if g.vllm_importance_sampling_correction and g.old_logprobs == "sampler":
+        raise ConfigError(
+            "grpo.old_logprobs='sampler' with grpo.vllm_importance_sampling_correction=True: the correction "
+            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is the sampler's. Use "
+            "grpo.old_logprobs='auto' (the trainer's pi_old) or turn the correction off"
+        )
+    if config.mesh.rollout_devices and t.max_staleness == 0:
+        raise ConfigError(
+            f"mesh.rollout_devices={config.mesh.rollout_devices} needs train.max_staleness >= 1: synchronous "
+            "steps would leave the trainer's devices idle while the sampler's sample, and the other way round"
         )
     if g.num_generations < 2:
         raise ConfigError(

@@ -160,8 +160,9 @@ class Bucketing:
 
 
 def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, params, opt_state,
-                   update_group: int, logprob_group: int) -> Bucketing | None:
-    """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh."""
+                   update_group: int, logprob_group: int, lora=None, frozen=None) -> Bucketing | None:
+    """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh. With `lora`,
+    `params` are the adapters and `frozen` the base (the log-prob pass runs on full params)."""
     if mode == "off":
         return None
     rows_per_minibatch = grpo.prompts_per_step * grpo.num_generations // grpo.num_minibatches
@@ -170,8 +171,9 @@ def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, p
         mode=mode,
         rows=chunk_rows(rows_per_minibatch, rows_per_minibatch // grpo.grad_accum_steps, multiple),
         update=step_lib.make_chunked_update(graphdef, tx, grpo, temperature, mesh=mesh, params=params,
-                                            opt_state=opt_state),
-        logprob_fn=step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh, params=params),
+                                            opt_state=opt_state, lora=lora, frozen=frozen),
+        logprob_fn=step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh,
+                                            params=params if frozen is None else frozen),
         update_group=update_group,
         logprob_group=logprob_group,
         num_micro=grpo.grad_accum_steps,
@@ -232,16 +234,17 @@ def logprobs(logprob_fn, params, tokens_BxS, attention_BxS, chunks: list[Chunk],
 
 
 def update(fns: step_lib.ChunkedUpdate, params, opt_state, full: step_lib.UpdateBatch, chunks: list[Chunk], *,
-           aggregation: str, mesh):
+           aggregation: str, mesh, frozen=None):
     """One optimizer update over the rows of `chunks` (`full`: the step's UpdateBatch of global
     arrays [B, ...], no [A] axis): (params, opt_state, metrics) as `step.make_update_fn` gives
-    for the same rows. The normaliser is the update's whole set of rows'."""
+    for the same rows. The normaliser is the update's whole set of rows'. `frozen`: LoRA's base."""
     num_targets = full.completion_mask.shape[1]
     normalizer = _normalizer_fn(mesh, aggregation)(full.completion_mask, np.concatenate([c.rows for c in chunks]))
     grads = fns.zeros(params)
     metrics, tokens = [], []
     for chunk in chunks:
-        grads, m, t = fns.accumulate(params, grads, take(full, chunk, num_targets, mesh), normalizer)
+        extra = () if frozen is None else (frozen,)
+        grads, m, t = fns.accumulate(params, grads, take(full, chunk, num_targets, mesh), normalizer, *extra)
         metrics.append(m)
         tokens.append(t)
     return fns.apply(params, opt_state, grads, metrics, tokens)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 KLKind = Literal["k1", "k2", "k3"]
 Aggregation = Literal["sequence", "token", "constant"]
 RatioMode = Literal["token", "sequence"]
+CorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 def _psum(x: jax.Array, axis_name: str | None) -> jax.Array:
@@ -95,6 +96,106 @@ def importance_ratio(
             return jnp.broadcast_to(jnp.exp(log_s_N)[:, None], log_rho_NxT.shape)
         case _:
             raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+
+
+def sampler_correction(
+    trainer_logp: jax.Array,
+    sampler_logp: jax.Array,
+    mask: jax.Array,
+    mode: CorrectionMode = "sequence_mask",
+    *,
+    clip_max: float | None = 3.0,
+    clip_min: float | None = None,
+    axis_name: str | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Importance weights for tokens sampled from pi_sampler but trained as if from pi_old.
+
+    The sampler's log-probs differ from the trainer's: other kernels, bf16 caches, or an older
+    policy (asynchronous rollouts). The clipped objective's expectation is over pi_old, the
+    trainer's policy, so each token's term is weighted by w = pi_old / pi_sampler (TIS / MIS,
+    Yao et al. 2025; TRL's `vllm_importance_sampling_*`):
+
+      "token_truncate":    w_{i,t} = clip(exp(d_{i,t}), lo, hi)
+      "token_mask":        w_{i,t} = exp(d_{i,t}) where it lies in [lo, hi], else 0
+      "sequence_truncate": w_i = clip(exp(sum_t d_{i,t}), lo, hi) on every token of answer i
+      "sequence_mask":     w_i = exp(sum_t d_{i,t}) where it lies in [lo, hi], else 0 (the answer drops)
+
+    with d = trainer_logp - sampler_logp on real tokens. Sequence modes use the product of the
+    token ratios (the answer's own likelihood ratio, as TRL), not GSPO's geometric mean.
+    Bounds: hi = clip_max (None: no upper bound); lo = clip_min, and when clip_min is None
+    1 / clip_max in the mask modes (a band [1/C, C]) and no lower bound in the truncate modes.
+    (TRL's clip_min=None puts no lower bound on the mask modes either: pass clip_min=0 for that.)
+
+    Seed-style example: d = (0.1, -0.2, 0.3) on one answer, C = 2. token_truncate gives
+    (e^0.1, e^-0.2, e^0.3) = (1.105, 0.819, 1.350); sequence_mask gives e^0.2 = 1.221 on all
+    three (inside [0.5, 2]); with d = (0.5, 0.5, 0.5), e^1.5 = 4.48 > 2 and the answer is masked.
+
+    Args:
+      trainer_logp: [N, T] log pi_old from the trainer (no gradient is taken through it).
+      sampler_logp: [N, T] log-probs the sampler reported for the same tokens.
+      mask: [N, T], nonzero on real tokens.
+      mode: one of the four above.
+      clip_max, clip_min: the bounds, see above.
+      axis_name: mapped batch axis (shard_map/pmap) for global metrics.
+
+    Returns:
+      (w_NxT, metrics): w float32 [N, T], exactly 1 on padding and exactly 1 where the two
+      log-probs are equal (within the bounds); metrics float32 scalars over real tokens:
+        "sampling/importance_sampling_ratio/mean", ".../min", ".../max": of w (after the bounds);
+        "sampling/sampling_logp_difference/mean", ".../max": of |trainer_logp - sampler_logp|;
+        "sampling/importance_sampling_masked_fraction": real tokens with w = 0 by the mask;
+        "sampling/importance_sampling_truncated_fraction": real tokens whose ratio was clipped.
+    """
+    if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        raise ValueError("mode must be 'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask', "
+                         f"got {mode!r}")
+    real_NxT = jnp.asarray(mask) != 0
+    trainer = jax.lax.stop_gradient(jnp.asarray(trainer_logp, jnp.float32))
+    sampler = jnp.asarray(sampler_logp, jnp.float32)
+    # Zeroed on padding first (it may hold garbage); a sampler that could not score a token (NaN)
+    # gives it d = 0, weight 1, rather than a NaN loss.
+    d_NxT = jnp.where(real_NxT, trainer, 0.0) - jnp.where(real_NxT, sampler, 0.0)
+    d_NxT = jnp.where(jnp.isnan(d_NxT), 0.0, d_NxT)
+    if mode.startswith("sequence"):
+        log_w_NxT = jnp.broadcast_to(d_NxT.sum(axis=1, keepdims=True), d_NxT.shape)
+    else:
+        log_w_NxT = d_NxT
+    raw_NxT = jnp.where(real_NxT, jnp.exp(log_w_NxT), 1.0)  # exp(0) == 1 exactly: equal log-probs, w = 1
+    masking = mode.endswith("mask")
+    hi = jnp.inf if clip_max is None else clip_max
+    lo = clip_min if clip_min is not None else ((1.0 / clip_max if clip_max else 0.0) if masking else 0.0)
+    outside_NxT = real_NxT & ((raw_NxT < lo) | (raw_NxT > hi))
+    if masking:
+        w_NxT = jnp.where(outside_NxT, 0.0, raw_NxT)
+    else:
+        w_NxT = jnp.clip(raw_NxT, lo, hi)
+
+    num_tokens = jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
+    any_real = _psum(real_NxT.sum(), axis_name) > 0
+
+    def token_mean(x_NxT):
+        return _psum(jnp.where(real_NxT, x_NxT, 0.0).sum(), axis_name) / num_tokens
+
+    def token_max(x_NxT, empty):
+        value = jnp.where(real_NxT, x_NxT, -jnp.inf).max()
+        value = value if axis_name is None else jax.lax.pmax(value, axis_name)
+        return jnp.where(any_real, value, empty)
+
+    w_min = jnp.where(real_NxT, w_NxT, jnp.inf).min()
+    if axis_name is not None:
+        w_min = jax.lax.pmin(w_min, axis_name)
+    abs_d_NxT = jnp.abs(d_NxT)
+    outside = outside_NxT.astype(jnp.float32)
+    metrics = {
+        "sampling/importance_sampling_ratio/mean": token_mean(w_NxT),
+        "sampling/importance_sampling_ratio/min": jnp.where(any_real, w_min, 1.0),
+        "sampling/importance_sampling_ratio/max": token_max(w_NxT, 1.0),
+        "sampling/sampling_logp_difference/mean": token_mean(abs_d_NxT),
+        "sampling/sampling_logp_difference/max": token_max(abs_d_NxT, 0.0),
+        "sampling/importance_sampling_masked_fraction": token_mean(outside) if masking else jnp.float32(0.0),
+        "sampling/importance_sampling_truncated_fraction": jnp.float32(0.0) if masking else token_mean(outside),
+    }
+    return jax.lax.stop_gradient(w_NxT), jax.lax.stop_gradient(metrics)
 
 
 def clipped_surrogate(
@@ -223,10 +324,13 @@ def grpo_loss(
     ratio: RatioMode = "token",
     normalizer: jax.Array | float | None = None,
     axis_name: str | None = None,
+    is_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
 
-    Per token: j_{i,t} = min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) - beta * KL_{i,t}.
+    Per token: j_{i,t} = w_{i,t} min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) - beta * KL_{i,t},
+    w the sampler-correction weights (`sampler_correction`; 1 without them). The KL term is not
+    weighted (TRL's placement).
     Aggregation over real tokens:
       "sequence": the seed's (1/G) sum_i (1/|o_i|) sum_t j_{i,t}; every row counts in the
                   1/N, an all-padding row adds 0 (as TRL's "grpo" loss);
@@ -250,10 +354,12 @@ def grpo_loss(
         batch's `loss_normalizer` to every micro-batch and add their losses (and gradients) for
         exact gradient accumulation under every aggregation.
       axis_name: mapped batch axis (shard_map/pmap) for global normalisers and metrics.
+      is_weights: [N, T] (or [N, 1]) importance weights pi_old / pi_sampler from
+        `sampler_correction`, or None (no correction). Treated as constants.
 
     Returns:
       (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
-        "policy_loss": -aggregate(clipped term) over the same normaliser, so
+        "policy_loss": -aggregate(weighted clipped term) over the same normaliser, so
           loss = policy_loss + beta * (aggregated KL);
         "kl": token mean of the KL estimator (0 when ref_logp is None);
         "clip_ratio/low_mean": token fraction clipped below (rho < 1 - eps_low and A < 0);
@@ -285,6 +391,8 @@ def grpo_loss(
     real_NxT = jnp.asarray(mask) != 0
     rho_NxT = importance_ratio(logp, old_logp, mask, ratio)
     surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
+    if is_weights is not None:
+        surrogate_NxT = surrogate_NxT * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
 
     if ref_logp is None:
         kl_NxT = jnp.zeros(shape, jnp.float32)

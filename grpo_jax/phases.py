@@ -65,7 +65,7 @@ def dispatch_round(ctx: RunContext, state: RunState, step: int, data_position: i
     examples = [ctx.task.train_example(data_position + i) for i in range(g.prompts_per_step)]
     return rollout_lib.dispatch_rollout(
         ctx.sampler,
-        state.params,
+        ctx.policy_params(state),
         ctx.tokenizer,
         examples[ctx.processes.prompt_slice(g.prompts_per_step)],
         num_samples=g.num_generations,
@@ -219,7 +219,8 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
 def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, step: int):
     """Phase 5: (ref_logp or None, old_logp), [B, C] global arrays; dispatched, not waited for.
 
-    pi_old is the sampler's log-probs unless `grpo.old_logprobs="recompute"`. Length-bucketed
+    pi_old (`GRPOSection.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
+    over the batch ("recompute"), or None ("in_loss": the loss reads its own). Length-bucketed
     (`ctx.bucketing`), the passes run over length-sorted chunks of rows and their results are put
     back in row order, 0 in the columns the loss does not read."""
     g = ctx.config.grpo
@@ -235,11 +236,12 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, st
         return length_buckets.logprobs(ctx.bucketing.logprob_fn, params, rows["tokens"], rows["attention"],
                                        chunks, num_targets=num_targets, mesh=ctx.mesh)
 
-    ref_logp = pass_over_rows(state.ref_params) if ctx.uses_reference else None
-    old_logp = rows["sampler_logp"]
-    if g.old_logprobs == "recompute":
-        old_logp = pass_over_rows(state.params)
-    computed = [x for x in (ref_logp, old_logp if g.old_logprobs == "recompute" else None) if x is not None]
+    ref_logp = pass_over_rows(ctx.reference_params(state)) if ctx.uses_reference else None
+    source = g.resolved_old_logprobs()
+    old_logp = {"sampler": rows["sampler_logp"], "in_loss": None}.get(source)
+    if source == "recompute":
+        old_logp = pass_over_rows(ctx.policy_params(state))
+    computed = [x for x in (ref_logp, old_logp if source == "recompute" else None) if x is not None]
     if computed:
         times.watch(f"logprobs:{step}", computed)
     return ref_logp, old_logp
@@ -264,6 +266,7 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
     prompt_len = rows["tokens"].shape[1] - num_targets
     per_minibatch = n_rows // g.num_minibatches
     params, opt_state = state.params, state.opt_state
+    frozen = () if state.base_params is None else (state.base_params,)  # LoRA: the base the adapters merge into
     metrics = []
     for iteration in range(g.num_iterations):
         # Minibatches draw rows in a random order (as TRL); host numpy, so every process agrees
@@ -281,10 +284,11 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
                                                      prompt_len=prompt_len)
             if chunks is None:
                 batch = step_lib.minibatch(full, rows_mb, g.grad_accum_steps, ctx.mesh)
-                params, opt_state, m = ctx.update_fn(params, opt_state, batch)
+                params, opt_state, m = ctx.update_fn(params, opt_state, batch, *frozen)
             else:
                 params, opt_state, m = length_buckets.update(ctx.bucketing.update, params, opt_state, full, chunks,
-                                                             aggregation=g.aggregation, mesh=ctx.mesh)
+                                                             aggregation=g.aggregation, mesh=ctx.mesh,
+                                                             frozen=state.base_params)
             metrics.append(m)
     times.watch(f"update:{step}", metrics)
     return dataclasses.replace(state, params=params, opt_state=opt_state), metrics

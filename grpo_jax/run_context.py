@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from grpo_jax import config as config_lib
 from grpo_jax import length_buckets
+from grpo_jax import lora as lora_lib
 from grpo_jax import model as model_lib
 from grpo_jax import optim
 from grpo_jax import rollout as rollout_lib
@@ -42,6 +43,30 @@ class RunState:
     params: Any  # the policy, training layout
     opt_state: Any  # Optax state, laid out like the params
     ref_params: Any | None  # the frozen reference (None when grpo.beta == 0)
+    # Asynchronous rollouts (train.max_staleness = k): the k params snapshots the next k steps'
+    # rollouts sample from, slot j for step `step + 1 + j` (grpo_jax.async_rollouts); () otherwise.
+    rollout_params: tuple = ()
+    # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
+    # into, which is also the reference. None otherwise.
+    base_params: Any | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlacement:
+    """Where asynchronous rollouts run: on the trainer's devices from a second host thread
+    (`split` False), or on a mesh of their own (`mesh.rollout_devices`). `to_sampler(params)` is
+    the sampler's copy of the policy: a device copy (the update donates the params it read) or a
+    reshard onto the sampler's devices (the weight sync)."""
+
+    sampler: Sampler
+    mesh: jax.sharding.Mesh
+    split: bool
+    param_shardings: Any  # of the sampler's copy
+
+    def to_sampler(self, params):
+        if self.split:
+            return jax.device_put(params, self.param_shardings)
+        return step_lib.frozen_copy(params, jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +89,22 @@ class RunContext:
     base_key: jax.Array
     eval_examples: list[dict]
     pool: Any  # rewards.VerifierPool or None
+    rollout: RolloutPlacement | None = None  # train.max_staleness > 0
+    lora: lora_lib.LoraSpec | None = None  # model.lora_r > 0
+    merge_fn: Any = None  # LoRA: jitted (adapters, base) -> full params, training layout
 
     @property
     def uses_reference(self) -> bool:
         return self.config.grpo.beta > 0
+
+    def policy_params(self, state: RunState):
+        """The policy's full params (for the sampler, evaluation, pi_old passes and export): what
+        trains, or under LoRA the base with the adapters merged in."""
+        return state.params if self.lora is None else self.merge_fn(state.params, state.base_params)
+
+    def reference_params(self, state: RunState):
+        """The reference policy's params: the frozen copy, or under LoRA the base itself."""
+        return state.ref_params if self.lora is None else state.base_params
 
     @property
     def ref_dtype(self):
@@ -211,34 +248,106 @@ def configured_task(config: config_lib.Config):
         raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
 
 
+def split_devices(config: config_lib.Config) -> tuple[list, list]:
+    """(the trainer's devices, the sampler's): the last `mesh.rollout_devices` devices sample."""
+    devices, r = jax.devices(), config.mesh.rollout_devices
+    if r and r >= len(devices):
+        raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
+                                     f"{jax.default_backend()} devices)")
+    return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
+
+
 def configured_mesh(config: config_lib.Config):
-    """The (data, fsdp, tensor) mesh over every device; a size that does not fit is a ConfigError."""
+    """The (data, fsdp, tensor) mesh over the trainer's devices (every device unless
+    `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
+    devices, _ = split_devices(config)
     try:
-        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor)
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     except ValueError as e:
-        raise config_lib.ConfigError(f"{e} ({jax.device_count()} {jax.default_backend()} devices)") from None
+        where = " left for training by mesh.rollout_devices" if m.rollout_devices else ""
+        raise config_lib.ConfigError(f"{e} ({len(devices)} {jax.default_backend()} devices{where})") from None
     log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
              jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
              mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
     return mesh
 
 
-def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state):
+def rollout_placement(config: config_lib.Config, graphdef, model_config, tokenizer, mesh, sampler,
+                      params) -> RolloutPlacement | None:
+    """Asynchronous rollouts' sampler and devices (None when train.max_staleness = 0). One process
+    only: the rollout thread's gathers would interleave with the trainer's across processes."""
+    if config.train.max_staleness == 0:
+        return None
+    if jax.process_count() > 1:
+        raise config_lib.ConfigError(
+            f"train.max_staleness={config.train.max_staleness} runs in one process; this run has "
+            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
+    _, rollout_devices = split_devices(config)
+    if not rollout_devices:
+        return RolloutPlacement(sampler=sampler, mesh=mesh, split=False,
+                                param_shardings=sharding.param_shardings(mesh, params))
+    rows = config.grpo.prompts_per_step * config.grpo.num_generations
+    if rows % len(rollout_devices):
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
+            f"mesh.rollout_devices={len(rollout_devices)}")
+    # The sampler's mesh: rows over its devices, each holding the whole weights (as a data-parallel
+    # inference server does).
+    rollout_mesh = sharding.make_mesh(len(rollout_devices), 1, 1, devices=rollout_devices)
+    return RolloutPlacement(sampler=build_sampler(config, graphdef, model_config, tokenizer, rollout_mesh),
+                            mesh=rollout_mesh, split=True,
+                            param_shardings=sharding.param_shardings(rollout_mesh, params))
+
+
+def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
+                   lora=None, frozen=None):
     """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
     prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
-    passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off")."""
+    passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). With `lora`,
+    `params` are the adapters, `frozen` the base, and the update takes the base last."""
     rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
     update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group), mesh, params, opt_state
+        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora), mesh, params,
+        opt_state, frozen=frozen,
     )
-    logprob_fn = step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh, params=params, group_size=logprob_group)
+    model_params = params if frozen is None else frozen
+    logprob_fn = step_lib.make_logprob_fn(
+        graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
+        row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
     bucketing = length_buckets.make_bucketing(
         g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
-        update_group=update_group, logprob_group=logprob_group,
+        update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
     )
     return update_fn, logprob_fn, bucketing
+
+
+def lora_base_dtype(config: config_lib.Config, mesh, base):
+    """LoRA's frozen base in `model.lora_base_dtype` (float32 leaves it as it is)."""
+    if config.model.lora_base_dtype != "bfloat16":
+        return base
+    return sharding.put_sharded(step_lib.as_dtype(base, jnp.bfloat16), sharding.param_shardings(mesh, base))
+
+
+def lora_state(config: config_lib.Config, mesh, base) -> tuple[lora_lib.LoraSpec, Any, Any, Any]:
+    """LoRA's (spec, adapters, base, merge_fn): fresh adapters (B = 0) in their training layout,
+    the base cast to `model.lora_base_dtype`, and the jitted merge into the base's layout."""
+    m = config.model
+    spec = lora_lib.LoraSpec.from_model_section(m)
+    if config.sft.steps == 0:  # (after an SFT warm-up instead, which trains float32 weights: run_state)
+        base = lora_base_dtype(config, mesh, base)
+    # Born in their shardings from the base's shapes alone (one jitted init: no host copy, and every
+    # process of a multi-process mesh computes only its own shards).
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
+
+    def init():
+        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), m.lora_init)
+
+    adapters = jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init)))()
+    merged_layout = sharding.param_shardings(mesh, base)
+    merge_fn = sharding.MeshJit(jax.jit(spec.model_params, out_shardings=merged_layout), mesh)
+    return spec, adapters, base, merge_fn
 
 
 def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
@@ -258,10 +367,14 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
+    # What trains: every weight, or (LoRA) adapters over a frozen base.
+    spec = base = merge_fn = None
+    if config.model.lora_r:
+        spec, params, base, merge_fn = lora_state(config, mesh, params)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
-                                                      params=params, opt_state=opt_state)
+                                                      params=params, opt_state=opt_state, lora=spec, frozen=base)
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool
@@ -292,5 +405,10 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
         base_key=jax.random.PRNGKey(t_cfg.seed),
         eval_examples=task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else [],
         pool=pool,
+        rollout=rollout_placement(config, graphdef, model_config, tokenizer, mesh, sampler,
+                                  params if base is None else base),
+        lora=spec,
+        merge_fn=merge_fn,
     )
-    return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None)
+    return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None,
+                             base_params=base)

@@ -50,6 +50,11 @@ OPERATIONAL_FIELDS = (
 )
 
 
+# Fields that set what a checkpoint holds: a changed value cannot restore it (even with
+# --allow-config-change), and trying would set the good checkpoints aside as corrupt.
+CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness",)
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used as asked; the message says what would work."""
 
@@ -137,6 +142,13 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
     diffs = config_differences(saved, config_lib.to_dict(config))
+    # (A config written before the field existed ran with its default, 0.)
+    layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]]
+    if layout:
+        key, old, new = layout[0]
+        raise RunDirError(
+            f"--resume: {key} changed {old!r} -> {new!r}, and it sets what the run's checkpoints hold (the "
+            f"parameter snapshots of in-flight rollouts); resume with {key}={old!r}, or start a new train.run_dir")
     meaningful = [d for d in diffs if not is_operational(d[0])]
     for key, old, new in diffs:
         if is_operational(key):

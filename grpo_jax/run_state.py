@@ -18,6 +18,8 @@ from etils import epath
 from flax import nnx
 
 from grpo_jax import config as config_lib
+from grpo_jax import lora as lora_lib
+from grpo_jax import run_context
 from grpo_jax import run_paths
 from grpo_jax import sft as sft_lib
 from grpo_jax import step as step_lib
@@ -29,10 +31,20 @@ log = logging.getLogger("grpo_jax")
 
 
 
-def _checkpoint_state(state: RunState) -> dict:
+def base_in_checkpoint(ctx: RunContext) -> bool:
+    """LoRA keeps its frozen base out of checkpoints (it is the init or `model.hf_path` again on
+    resume), unless the SFT warm-up changed it."""
+    return ctx.lora is not None and ctx.config.sft.steps > 0
+
+
+def _checkpoint_state(ctx: RunContext, state: RunState) -> dict:
     tree = {"params": state.params, "opt_state": state.opt_state}
     if state.ref_params is not None:
         tree["ref_params"] = state.ref_params
+    if base_in_checkpoint(ctx):
+        tree["base_params"] = state.base_params
+    if state.rollout_params:  # asynchronous rollouts: the snapshots the next steps sample from
+        tree["rollout_params"] = {str(j): p for j, p in enumerate(state.rollout_params)}
     return tree
 
 
@@ -51,8 +63,10 @@ def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState) -> None:
 
     Never from non-finite params or optimizer state: rotating good checkpoints out for a NaN one
     would lose the run (NonFiniteStateError instead; the earlier checkpoints stay)."""
-    tree = _checkpoint_state(state)
-    if not bool(_all_finite(tree)):
+    tree = _checkpoint_state(ctx, state)
+    # One check per device set: the rollout snapshots may live on the sampler's own devices.
+    trainer_side = {k: v for k, v in tree.items() if k != "rollout_params"}
+    if not all(bool(_all_finite(t)) for t in (trainer_side, tree.get("rollout_params", {})) if t):
         raise NonFiniteStateError(
             f"step {state.step}: params or optimizer state are not finite; no checkpoint written (the previous "
             f"ones in {ckpt_dir_of(ctx.run_dir)} are kept)"
@@ -70,10 +84,18 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(ctx.run_dir))
     if latest is not None:
-        abstract = _checkpoint_state(fresh)
-        if ctx.uses_reference:
+        abstract = _checkpoint_state(ctx, fresh)
+        if ctx.uses_reference and ctx.lora is None:
             abstract["ref_params"] = step_lib.as_dtype(fresh.params, ctx.ref_dtype)
+        if "base_params" in abstract and ctx.config.model.lora_base_dtype == "bfloat16":
+            abstract["base_params"] = step_lib.as_dtype(fresh.base_params, jnp.bfloat16)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract)
+        if ctx.rollout is not None:  # train.max_staleness snapshots (full params), in the sampler's layout
+            full = fresh.params if ctx.lora is None else jax.eval_shape(ctx.lora.model_params, fresh.params,
+                                                                        fresh.base_params)
+            snapshot = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                                    full, ctx.rollout.param_shardings)
+            abstract["rollout_params"] = {str(j): snapshot for j in range(ctx.config.train.max_staleness)}
         step, tree, meta = ckpt.restore(abstract)
         log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
         return RunState(
@@ -82,8 +104,11 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             params=tree["params"],
             opt_state=tree["opt_state"],
             ref_params=tree.get("ref_params"),
+            rollout_params=tuple(tree["rollout_params"][str(j)] for j in range(len(tree.get("rollout_params", {})))),
+            base_params=tree.get("base_params", fresh.base_params),
         )
-    params = fresh.params
+    # The SFT warm-up trains every weight: under LoRA it warms up the base, and the adapters start after it.
+    params = fresh.params if ctx.lora is None else fresh.base_params
     if ctx.config.sft.steps > 0:
         params, sft_stats = sft_lib.warm_up(
             ctx.graphdef,
@@ -103,33 +128,55 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             return None
         if ctx.processes.is_primary:
             (ctx.run_dir / "sft.json").write_text(json.dumps(sft_stats, indent=2))
+    if ctx.lora is not None:  # the reference is the base itself
+        if ctx.config.sft.steps > 0:
+            params = run_context.lora_base_dtype(ctx.config, ctx.mesh, params)
+        return dataclasses.replace(fresh, base_params=params)
     ref_params = step_lib.frozen_copy(params, ctx.ref_dtype) if ctx.uses_reference else None
     return dataclasses.replace(fresh, params=params, ref_params=ref_params)
 
 
 def export_hf(ctx: RunContext, state: RunState) -> None:
     """The policy as Hugging Face safetensors in run_dir/hf: every process joins the gather of the
-    whole weights, process 0 writes them."""
+    whole weights, process 0 writes them. Under LoRA that is the merged policy, and run_dir/peft
+    holds the adapters as peft writes them (with run_dir/peft/base, the base they apply to, when
+    the SFT warm-up changed it)."""
     from grpo_jax import hf
 
-    weights = ctx.processes.all_rows(state.params)
-    if ctx.processes.is_primary:
-        # From a checkpoint: its config, generation config and tokenizer files travel with the
-        # weights (a round trip); from scratch: the ids our tokenizer gives.
-        source = ctx.config.model.hf_path
-        model = nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, weights))
-        target = ctx.run_dir / "hf"
-        if run_paths.is_local(target):
-            hf.save_model(model, os.fspath(target), source_dir=source, tokenizer=None if source else ctx.tokenizer)
-            return
-        # Object storage: written on the local disk, then copied file by file.
-        with tempfile.TemporaryDirectory(prefix="grpo_jax_hf_") as local:
-            hf.save_model(model, local, source_dir=source, tokenizer=None if source else ctx.tokenizer)
-            for path in epath.Path(local).rglob("*"):
-                if path.is_file():
-                    dst = target / os.fspath(path.relative_to(local))
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    path.copy(dst, overwrite=True)
+    weights = ctx.processes.all_rows(ctx.policy_params(state))
+    base = ctx.processes.all_rows(state.base_params) if base_in_checkpoint(ctx) else None
+    adapters = ctx.processes.all_rows(state.params) if ctx.lora is not None else None
+    if not ctx.processes.is_primary:
+        return
+    # From a checkpoint: its config, generation config and tokenizer files travel with the
+    # weights (a round trip); from scratch: the ids our tokenizer gives.
+    source = ctx.config.model.hf_path
+
+    def write(local: str) -> None:
+        save = lambda tree, where: hf.save_model(  # noqa: E731
+            nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, tree)), where, source_dir=source,
+            tokenizer=None if source else ctx.tokenizer)
+        save(weights, os.path.join(local, "hf"))
+        if adapters is not None:
+            peft_dir = os.path.join(local, "peft")
+            base_model = source
+            if base is not None:
+                save(base, os.path.join(peft_dir, "base"))
+                base_model = os.fspath(ctx.run_dir / "peft" / "base")
+            lora_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.model.lora_alpha,
+                               base_model=base_model)
+
+    if run_paths.is_local(ctx.run_dir):
+        write(os.fspath(ctx.run_dir))
+        return
+    # Object storage: written on the local disk, then copied file by file.
+    with tempfile.TemporaryDirectory(prefix="grpo_jax_hf_") as local:
+        write(local)
+        for path in epath.Path(local).rglob("*"):
+            if path.is_file():
+                dst = ctx.run_dir / os.fspath(path.relative_to(local))
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                path.copy(dst, overwrite=True)
 
 
 def ckpt_dir_of(run_dir):

@@ -66,7 +66,7 @@ class UpdateBatch:
     attention: jax.Array
     completion_mask: jax.Array
     advantages: jax.Array
-    old_logp: jax.Array
+    old_logp: jax.Array | None  # None: pi_old is the loss's own log-probs (one update per batch)
     sampler_logp: jax.Array
     ref_logp: jax.Array | None
 
@@ -116,7 +116,7 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
 
     Token means are weighted by each update's real tokens (`num_tokens`), min/max taken over all
     updates, `loss`/`policy_loss` averaged over updates, and `grad_norm` reported as its mean with
-    `grad_norm/max` beside it. With `old_logprobs="sampler"` the first update has rho = 1 exactly,
+    `grad_norm/max` beside it. The first update of a batch has rho = 1 (exactly, unless pi_old is the sampler's),
     so clip fractions and ratios only mean something over all updates.
     """
     if not per_update:
@@ -148,15 +148,17 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
-def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int):
-    """`loss_fn(params, mb, normalizer) -> (loss, (metrics, num_tokens))` of one micro-batch [M, ...]:
-    its share of the whole batch's loss (`normalizer` is the whole batch's), and its metrics."""
+def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, lora=None):
+    """`loss_fn(params, mb, normalizer, frozen) -> (loss, (metrics, num_tokens))` of one micro-batch
+    [M, ...]: its share of the whole batch's loss (`normalizer` is the whole batch's), and its
+    metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
+    adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
 
-    def loss_fn(params, mb: UpdateBatch, normalizer):
+    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None):
         num_targets = mb.completion_mask.shape[-1]
         logp, entropy = model_lib.token_logprobs(
             graphdef,
-            params,
+            params if lora is None else lora.model_params(params, frozen),
             mb.tokens,
             mb.attention,
             num_targets=num_targets,
@@ -164,10 +166,18 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             return_entropy=True,
             group_size=group_size,
         )
+        # pi_old: given, or (one update per batch: these very params) the loss's own log-probs.
+        old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
+        mask = mb.completion_mask.astype(jnp.float32)
+        is_weights, is_metrics = None, {}
+        if grpo.vllm_importance_sampling_correction:
+            is_weights, is_metrics = losses.sampler_correction(
+                old_logp, mb.sampler_logp, mask, grpo.vllm_importance_sampling_mode,
+                clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
         # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
         loss, metrics = losses.grpo_loss(
             logp,
-            mb.old_logp,
+            old_logp,
             mb.ref_logp if grpo.beta > 0 else None,
             mb.advantages,
             mb.completion_mask,
@@ -179,16 +189,17 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             max_len=num_targets,
             ratio=grpo.ratio,
             normalizer=normalizer,
+            is_weights=is_weights,
         )
-        mask = mb.completion_mask.astype(jnp.float32)
         num_tokens = mask.sum()
         denom = jnp.maximum(num_tokens, 1.0)
-        metrics = dict(metrics)
+        metrics = {**metrics, **is_metrics}
         metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
-        # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
-        metrics["sampling/sampling_logp_difference/mean"] = jax.lax.stop_gradient(
-            (jnp.abs(logp - mb.sampler_logp) * mask).sum() / denom
-        )
+        if not is_metrics:
+            # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
+            diff = jax.lax.stop_gradient(jnp.abs(logp - mb.sampler_logp) * mask)
+            metrics["sampling/sampling_logp_difference/mean"] = diff.sum() / denom
+            metrics["sampling/sampling_logp_difference/max"] = diff.max()
         metrics["loss"] = loss
         return loss, (metrics, num_tokens)
 
@@ -213,22 +224,28 @@ def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A):
     return params, opt_state, metrics
 
 
-def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1):
-    """Returns the jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
+def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1,
+                   lora=None):
+    """Returns the jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`.
+
+    With `lora` (a `lora.LoraSpec`), `params` are the adapters and `frozen` the base params they
+    are merged into; only the adapters get gradients and optimizer updates.
 
     The A micro-batches of `batch` run in one jitted call (lax.scan), each contributing its share
     of the whole batch's loss (module docstring), so accumulation is exact and costs no extra
     dispatch or host sync. group_size > 1: every micro-batch is whole groups of that many rows
     sharing a prompt, each prompt run once (`token_logprobs`).
 
-    metrics (float32 scalars): grpo_loss's, `entropy`, `sampling/sampling_logp_difference/mean`
-    (token means over the batch), `loss`, `grad_norm` (before clipping), `num_tokens`, and
+    metrics (float32 scalars): grpo_loss's, `entropy`, the sampler correction's
+    (`losses.sampler_correction`: `sampling/importance_sampling_ratio/*`, pi_old vs the sampler's
+    `sampling/sampling_logp_difference/{mean,max}`; without the correction that difference is
+    the loss's log-probs vs the sampler's), `loss`, `grad_norm` (before clipping), `num_tokens`, and
     `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
     and optimizer state come back unchanged.
     """
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size), has_aux=True)
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
 
-    def update(params, opt_state, batch: UpdateBatch):
+    def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
         normalizer = losses.loss_normalizer(
             batch.completion_mask.reshape(-1, num_targets), grpo.aggregation, max_len=num_targets
@@ -236,12 +253,12 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
         if num_micro == 1:
             # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
             # splits the program) and without a zeros tree plus an add over every parameter.
-            (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer)
+            (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer, frozen)
             metrics, tokens_A = jax.tree.map(lambda x: x[None], metrics), tokens[None]
         else:
 
             def micro_step(grad_sum, mb):
-                (_, aux), grads = grad_fn(params, mb, normalizer)
+                (_, aux), grads = grad_fn(params, mb, normalizer, frozen)
                 return jax.tree.map(jnp.add, grad_sum, grads), aux
 
             zeros = jax.tree.map(jnp.zeros_like, params)
@@ -273,13 +290,14 @@ class ChunkedUpdate:
 
 
 def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
-                        opt_state, group_size: int = 1) -> ChunkedUpdate:
+                        opt_state, group_size: int = 1, lora=None, frozen=None) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
-    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated."""
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size), has_aux=True)
+    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With `lora`,
+    `params` are the adapters and `accumulate` takes the base (`frozen`, for its layout) last."""
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
 
-    def accumulate(params, grad_sum, mb: UpdateBatch, normalizer):
-        (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer)
+    def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
+        (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen)
         return jax.tree.map(jnp.add, grad_sum, grads), metrics, tokens
 
     def apply(params, opt_state, grads, metrics_list, tokens_list):
@@ -289,9 +307,12 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
     p_sh = sharding.param_shardings(mesh, params)
     o_sh = sharding.opt_state_shardings(mesh, opt_state, params)
     rows, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    accumulate_in = (p_sh, p_sh, rows, rep)
+    if frozen is not None:
+        accumulate_in += (sharding.param_shardings(mesh, frozen),)
     return ChunkedUpdate(
         zeros=jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(p_sh,), out_shardings=p_sh),
-        accumulate=sharding.MeshJit(jax.jit(accumulate, in_shardings=(p_sh, p_sh, rows, rep),
+        accumulate=sharding.MeshJit(jax.jit(accumulate, in_shardings=accumulate_in,
                                             out_shardings=(p_sh, rep, rep), donate_argnums=1), mesh),
         # grads is not donated to apply: params and opt_state take every output buffer already.
         apply=jax.jit(apply, in_shardings=(p_sh, o_sh, p_sh, rep, rep), out_shardings=(p_sh, o_sh, rep),
@@ -307,6 +328,7 @@ def make_logprob_fn(
     params=None,
     compute_dtype=jnp.float32,
     group_size: int = 1,
+    row_chunks: int = 1,
 ):
     """Jitted `logprobs(params, tokens_BxS, attention_BxS, *, num_targets) -> logp_BxC` (float32).
 
@@ -314,20 +336,32 @@ def make_logprob_fn(
     `params`, any tree with the policy's structure, for its shardings), the rows of tokens,
     attention and the output are split over ("data", "fsdp") and the weights take their training
     layout, so each device computes B / (data * fsdp) rows. group_size > 1: rows are whole groups
-    sharing a prompt, each prompt run once.
+    sharing a prompt, each prompt run once. row_chunks > 1: the rows run as that many chunks one
+    after the other (`lax.map`), so activations and logits are one chunk's, as in the update's
+    micro-batches; chunk j holds groups j, j + row_chunks, ... so that every device keeps its own
+    rows and each chunk has an equal share of them on every device.
     """
+
+    def one_pass(params, tokens, attention, num_targets):
+        return model_lib.token_logprobs(graphdef, params, tokens, attention, num_targets=num_targets,
+                                        temperature=temperature, group_size=group_size)
 
     def logprobs(params, tokens, attention, num_targets):
         params = as_dtype(params, compute_dtype)
-        return model_lib.token_logprobs(
-            graphdef,
-            params,
-            tokens,
-            attention,
-            num_targets=num_targets,
-            temperature=temperature,
-            group_size=group_size,
-        )
+        if row_chunks == 1:
+            return one_pass(params, tokens, attention, num_targets)
+        rows, unit = tokens.shape[0], group_size
+
+        def to_chunks(x):  # [B, ...] -> [A, B / A, ...], whole groups, strided
+            x = x.reshape((rows // (unit * row_chunks), row_chunks, unit) + x.shape[1:]).swapaxes(0, 1)
+            return x.reshape((row_chunks, rows // row_chunks) + x.shape[3:])
+
+        # params ride along as the scan's carry rather than as a closure: under `model.remat` nnx
+        # would otherwise see weights from the enclosing trace inside the loop body (TraceContextError).
+        _, out = jax.lax.scan(lambda p, ta: (p, one_pass(p, *ta, num_targets)), params,
+                              (to_chunks(tokens), to_chunks(attention)))
+        out = out.reshape((row_chunks, rows // (unit * row_chunks), unit, num_targets)).swapaxes(0, 1)
+        return out.reshape(rows, num_targets)
 
     if mesh is None:
         jitted = jax.jit(logprobs, static_argnums=3)
@@ -350,6 +384,18 @@ def make_logprob_fn(
 
     call.jitted = jitted  # for inspecting the compiled program: call.jitted.lower(..., num_targets)
     return call
+
+
+def logprob_row_chunks(g_cfg: config_lib.GRPOSection, row_multiple: int, group_size: int) -> int:
+    """How many chunks the log-prob pass over a step's rows runs in: as many as the update has
+    micro-batches per step (num_minibatches x grad_accum_steps, so a chunk is a micro-batch's size),
+    fewer where the rows do not split into that many chunks of whole groups over the devices."""
+    rows = g_cfg.prompts_per_step * g_cfg.num_generations
+    unit = group_size * row_multiple
+    chunks = g_cfg.num_minibatches * g_cfg.grad_accum_steps
+    while chunks > 1 and rows % (chunks * unit):
+        chunks -= 1
+    return chunks
 
 
 def prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multiple: int) -> tuple[int, int]:

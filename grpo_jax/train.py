@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from grpo_jax import async_rollouts
 from grpo_jax import config as config_lib
 from grpo_jax import phases
 from grpo_jax import rollout as rollout_lib
@@ -118,8 +119,15 @@ def grpo_step(ctx: RunContext, state: RunState, first_round, device_free_at: flo
               should_stop=None):
     """Phases 1-6 of step `state.step + 1`, with its first sampler round already dispatched.
     Returns the new state and what `_read_report` needs; nothing here waits for the update."""
+    batch, data_position = phases.collect(ctx, state, state.step + 1, first_round, device_free_at, should_stop)
+    return train_on_batch(ctx, state, batch, data_position, times)
+
+
+def train_on_batch(ctx: RunContext, state: RunState, batch: phases.StepBatch, data_position: int,
+                   times: ReadyTimes):
+    """Phases 4-6 of step `state.step + 1` on its collected `batch` (the data position after it):
+    the new state and what `_read_report` needs; nothing here waits for the update."""
     step = state.step + 1
-    batch, data_position = phases.collect(ctx, state, step, first_round, device_free_at, should_stop)
     advantages, completion_mask = phases.score(ctx, batch)
     rows = phases.device_rows(ctx, batch, advantages, completion_mask)
     logprobs_dispatched_at = time.perf_counter()
@@ -325,21 +333,46 @@ class _Loop:
         start_step = state.step
         self.state = state
         if state.step == 0 and ctx.eval_examples:
-            self.write({"step": 0, **self.evaluate(state.params, 0)})
+            self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
+        # train.max_staleness > 0: batches come from the rollout thread, sampled from older params.
+        batches = None
+        if ctx.rollout is not None:
+            batches = async_rollouts.AsyncBatches(ctx, state, should_stop=lambda: stop.signal is not None)
+        try:
+            return self._steps(state, stop, batches, start_step)
+        finally:
+            if batches is not None:
+                batches.close()
+
+    def _row(self, pending: _PendingReport, times: ReadyTimes, batches) -> tuple[dict, float]:
+        """(a dispatched step's metrics row, when its update finished), waiting for the update."""
+        row, update_ready_at = _read_report(self.ctx, pending, times)
+        if batches is not None:
+            row.update(batches.row_metrics(pending.step, update_ready_at))
+            row["tokens_per_second"] = float(pending.batch.arrays["mask"].sum()) / max(row["time/step"], 1e-9)
+        return row, update_ready_at
+
+    def _steps(self, state: RunState, stop: _StopFlag, batches, start_step: int) -> tuple[RunState, str | None]:
+        ctx, t_cfg, e_cfg = self.ctx, self.ctx.config.train, self.ctx.config.eval
         times = ReadyTimes()
         pending, device_free_at, stopped_by = None, time.perf_counter(), None
         while state.step < t_cfg.steps:
             step = state.step + 1
             compiles_before = _COMPILES.count
-            first_round = phases.dispatch_round(ctx, state, step, state.data_position, 0)
+            first_round = None if batches else phases.dispatch_round(ctx, state, step, state.data_position, 0)
             if pending is not None:  # step N-1's row, read while the devices sample step N
-                row, device_free_at = _read_report(ctx, pending, times)
+                row, device_free_at = self._row(pending, times, batches)
                 self.write({"step": pending.step, **row})
             # One process alone must not leave a step early: the others would wait at its gathers.
             # Several processes therefore stop at step boundaries only, all together (below).
             interrupt = (lambda: stop.signal is not None) if ctx.processes.count == 1 else None
             try:
-                state, pending = grpo_step(ctx, state, first_round, device_free_at, times, should_stop=interrupt)
+                if batches is None:
+                    state, pending = grpo_step(ctx, state, first_round, device_free_at, times, should_stop=interrupt)
+                else:
+                    batch, data_position = batches.take(state)
+                    state, pending = train_on_batch(ctx, state, batch, data_position, times)
+                    state = batches.published(state, pending.update_metrics)
             except RewardInterrupted:
                 # A reward function was still running: the step is dropped, the last one is saved.
                 stopped_by = signal.Signals(stop.signal).name
@@ -362,10 +395,10 @@ class _Loop:
             evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)
             if evaluate_now or stopped_by or step == t_cfg.steps:
                 # The row is needed now (held-out figures join it, or the run ends here).
-                row, device_free_at = _read_report(ctx, pending, times)
+                row, device_free_at = self._row(pending, times, batches)
                 pending = None
                 if evaluate_now:
-                    row.update(self.evaluate(state.params, step))
+                    row.update(self.evaluate(ctx.policy_params(state), step))
                     device_free_at = time.perf_counter()
                 self.write({"step": step, **row})
             if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps:
@@ -374,6 +407,6 @@ class _Loop:
                 log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
                 break
         if pending is not None:
-            row, _ = _read_report(ctx, pending, times)
+            row, _ = self._row(pending, times, batches)
             self.write({"step": pending.step, **row})
         return state, stopped_by

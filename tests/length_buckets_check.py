@@ -88,7 +88,9 @@ def context(grpo, mesh, graphdef, params, tx, opt_state):
                                                                   params=params, opt_state=opt_state)
     config = config_lib.Config(grpo=grpo, train=config_lib.TrainSection(seed=0))
     return types.SimpleNamespace(config=config, mesh=mesh, update_fn=update_fn, logprob_fn=logprob_fn,
-                                 bucketing=bucketing, uses_reference=True, processes=None)
+                                 bucketing=bucketing, uses_reference=True, processes=None,
+                                 policy_params=lambda state: state.params,
+                                 reference_params=lambda state: state.ref_params)
 
 
 def device_rows(mesh, host: dict) -> dict:

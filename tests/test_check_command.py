@@ -233,7 +233,8 @@ def test_qwen25_05b_gpu_config_on_8_devices(tmp_path):
     # data=8 splits rows only: every device holds the whole 494,032,768-parameter model.
     assert f["per_device_bytes"]["params"] == 4 * 494_032_768
     assert f["per_device_bytes"]["reference"] == 2 * 494_032_768  # ref_dtype bfloat16
-    assert set(f["programs"]) == {"prefill", "decode", "logprobs_ref", "update"}
+    # Two minibatches and the sampler correction (on by default): pi_old is a trainer pass.
+    assert set(f["programs"]) == {"prefill", "decode", "logprobs_ref", "logprobs_policy", "update"}
 
 
 @pytest.mark.slow
@@ -252,7 +253,7 @@ def test_tpu_pod_config_7b_on_16_devices(tmp_path):
     matrices = sum(shapes.values()) - biases - norms
     assert f["per_device_bytes"]["params"] == 4 * (matrices // 16 + biases // 4 + norms)
     assert f["per_device_bytes"]["reference"] == 0  # beta = 0
-    assert set(f["programs"]) == {"prefill", "decode", "update"}
+    assert set(f["programs"]) == {"prefill", "decode", "logprobs_policy", "update"}
 
 
 if __name__ == "__main__":

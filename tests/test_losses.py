@@ -15,6 +15,7 @@ from grpo_jax.losses import (
     kl_penalty,
     loss_normalizer,
     per_token_entropy,
+    sampler_correction,
     token_entropy,
 )
 
@@ -373,3 +374,103 @@ def test_accumulated_gradient_equals_full_batch_gradient(aggregation):
         rows = np.array_split(np.arange(12), 3)
         means = np.mean([float(grpo_loss(logp[r], old[r], ref[r], adv[r], mask[r], **kw)[0]) for r in rows])
         assert abs(means - float(full(logp))) > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampler correction (pi_old / pi_sampler), seed style: one answer of three tokens.
+
+
+def _one_answer(d, pad=1):
+    """trainer/sampler log-probs of one answer whose tokens differ by `d`, plus `pad` padding columns."""
+    sampler = jnp.asarray([[-1.0, -2.0, -0.5] + [0.0] * pad], jnp.float32)
+    trainer = sampler + jnp.asarray([list(d) + [7.0] * pad], jnp.float32)  # garbage on the padding
+    mask = jnp.asarray([[1, 1, 1] + [0] * pad])
+    return trainer, sampler, mask
+
+
+def test_sampler_correction_worked_example():
+    # d = (0.1, -0.2, 0.3), C = 2. Token TIS: (e^0.1, e^-0.2, e^0.3) = (1.105, 0.819, 1.350), all
+    # inside the cap. Sequence: the product e^(0.1 - 0.2 + 0.3) = e^0.2 = 1.221 on every token,
+    # inside [1/2, 2]. Padding gets exactly 1.
+    trainer, sampler, mask = _one_answer((0.1, -0.2, 0.3))
+    w, m = sampler_correction(trainer, sampler, mask, "token_truncate", clip_max=2.0)
+    np.testing.assert_allclose(np.asarray(w)[0], [1.1052, 0.8187, 1.3499, 1.0], atol=1e-4)
+    w, m = sampler_correction(trainer, sampler, mask, "sequence_mask", clip_max=2.0)
+    np.testing.assert_allclose(np.asarray(w)[0], [1.2214, 1.2214, 1.2214, 1.0], atol=1e-4)
+    assert float(m["sampling/importance_sampling_masked_fraction"]) == 0.0
+    assert float(m["sampling/sampling_logp_difference/mean"]) == pytest.approx(0.2, abs=1e-6)
+    assert float(m["sampling/sampling_logp_difference/max"]) == pytest.approx(0.3, abs=1e-6)
+
+
+def test_sampler_correction_truncates_and_masks_outside_the_band():
+    # d = (0.5, 0.5, 0.5), C = 2: e^0.5 = 1.649 per token (inside); the answer's e^1.5 = 4.48 > 2.
+    trainer, sampler, mask = _one_answer((0.5, 0.5, 0.5))
+    w, _ = sampler_correction(trainer, sampler, mask, "token_mask", clip_max=2.0)
+    np.testing.assert_allclose(np.asarray(w)[0, :3], np.exp(0.5), rtol=1e-6)
+    w, m = sampler_correction(trainer, sampler, mask, "sequence_truncate", clip_max=2.0)
+    np.testing.assert_allclose(np.asarray(w)[0], [2.0, 2.0, 2.0, 1.0])
+    assert float(m["sampling/importance_sampling_truncated_fraction"]) == 1.0
+    w, m = sampler_correction(trainer, sampler, mask, "sequence_mask", clip_max=2.0)
+    np.testing.assert_array_equal(np.asarray(w)[0], [0.0, 0.0, 0.0, 1.0])  # the answer drops out
+    assert float(m["sampling/importance_sampling_masked_fraction"]) == 1.0
+    assert float(m["sampling/importance_sampling_ratio/max"]) == 0.0
+    # The lower edge: d = -1 per token, e^-1 = 0.368 < 1/2 is masked; truncation has no lower bound
+    # unless clip_min is given.
+    trainer, sampler, mask = _one_answer((-1.0, 0.0, 0.0))
+    w, m = sampler_correction(trainer, sampler, mask, "token_mask", clip_max=2.0)
+    np.testing.assert_array_equal(np.asarray(w)[0], [0.0, 1.0, 1.0, 1.0])
+    assert float(m["sampling/importance_sampling_masked_fraction"]) == pytest.approx(1 / 3)
+    w, _ = sampler_correction(trainer, sampler, mask, "token_truncate", clip_max=2.0)
+    assert float(w[0, 0]) == pytest.approx(np.exp(-1.0), rel=1e-6)
+    w, _ = sampler_correction(trainer, sampler, mask, "token_truncate", clip_max=2.0, clip_min=0.5)
+    assert float(w[0, 0]) == 0.5
+
+
+def test_sampler_correction_is_the_identity_when_log_probs_agree():
+    # Equal log-probs: w = exp(0) = 1 exactly, so the loss and its gradient are bit-equal to the
+    # uncorrected ones (x * 1.0 is exact in IEEE arithmetic), in every mode.
+    rng = np.random.default_rng(0)
+    logp = jnp.asarray(rng.normal(-1.0, 0.5, (6, 5)), jnp.float32)
+    old = logp + jnp.asarray(rng.normal(0.0, 0.1, (6, 5)), jnp.float32)
+    ref = logp + 0.05
+    adv = jnp.asarray(rng.normal(size=6), jnp.float32)
+    mask = jnp.asarray(rng.integers(0, 2, (6, 5)))
+
+    def loss(lp, weights):
+        return grpo_loss(lp, old, ref, adv, mask, beta=0.04, is_weights=weights)[0]
+
+    plain_value, plain_grad = jax.jit(jax.value_and_grad(lambda lp: loss(lp, None)))(logp)
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        w, m = sampler_correction(old, old, mask, mode)
+        assert np.all(np.asarray(w) == 1.0)
+        value, grad = jax.jit(jax.value_and_grad(lambda lp: loss(lp, w)))(logp)
+        assert np.asarray(value).tobytes() == np.asarray(plain_value).tobytes(), mode
+        assert np.asarray(grad).tobytes() == np.asarray(plain_grad).tobytes(), mode
+        assert float(m["sampling/sampling_logp_difference/max"]) == 0.0
+
+
+def test_weights_scale_the_clipped_term_not_the_kl():
+    # One token, rho = 1 (pi_old = pi_theta), A = 1, w = 0.5: the policy term is 0.5 * 1 * 1 and its
+    # gradient in logp is 0.5 (d rho / d logp = rho = 1); the KL term (beta = 0.1, ref = logp - 0.2:
+    # k3 = e^-0.2 + 0.2 - 1 = 0.01873) keeps its weight 1.
+    logp = jnp.asarray([[-1.0]])
+    ref, mask, adv, w = logp - 0.2, jnp.ones((1, 1)), jnp.ones((1,)), jnp.full((1, 1), 0.5)
+    loss, metrics = grpo_loss(logp, logp, ref, adv, mask, beta=0.1, is_weights=w)
+    k3 = np.exp(-0.2) + 0.2 - 1
+    assert float(loss) == pytest.approx(-(0.5 - 0.1 * k3), rel=1e-5)
+    assert float(metrics["policy_loss"]) == pytest.approx(-0.5, rel=1e-6)
+    grad = jax.grad(lambda lp: grpo_loss(lp, jax.lax.stop_gradient(lp), ref, adv, mask, beta=0.0, is_weights=w)[0])(logp)
+    assert float(grad[0, 0]) == pytest.approx(-0.5, rel=1e-6)
+
+
+def test_sampler_correction_nan_and_huge_differences_stay_finite():
+    # A NaN sampler log-prob is a difference of 0 (weight 1); a sequence whose log-ratio overflows
+    # exp (d = 100 per token) is truncated to C or masked to 0, never inf or NaN.
+    trainer, sampler, mask = _one_answer((100.0, 100.0, 100.0))
+    for mode in ("sequence_truncate", "sequence_mask", "token_truncate", "token_mask"):
+        w, m = sampler_correction(trainer, sampler, mask, mode)
+        assert np.all(np.isfinite(np.asarray(w))) and all(np.isfinite(float(v)) for v in m.values()), mode
+    w, _ = sampler_correction(trainer, sampler.at[0, 1].set(jnp.nan), mask, "token_mask", clip_max=1e9)
+    assert float(w[0, 1]) == 1.0
+    with pytest.raises(ValueError, match="mode must be"):
+        sampler_correction(trainer, sampler, mask, "sequence")

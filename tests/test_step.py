@@ -105,3 +105,30 @@ def test_an_update_with_a_non_finite_loss_is_skipped_and_counted():
     assert float(ok["skipped_updates"]) == 0.0
     assert step_lib.combine_update_metrics([{**{k: float(v) for k, v in ok.items()}},
                                             {**{k: float(v) for k, v in m.items()}}])["skipped_updates"] == 1.0
+
+
+def test_logprob_pass_in_row_chunks_equals_one_pass():
+    # The pass over a step's rows in micro-batch-sized chunks (lax.map) gives every row's log-probs
+    # as one pass does, with and without prompts shared by groups of 4 (each row is computed from
+    # its own tokens either way: only the matmuls' batch sizes differ, FORWARD_REL_ERR).
+    from tolerances import FORWARD_REL_ERR
+
+    cfg = model_lib.ModelConfig(vocab_size=14, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                                num_kv_heads=1, head_dim=16, remat=True)  # (remat: nnx inside the loop)
+    graphdef, params = nnx.split(model_lib.init_model(cfg, 0))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 14, (32, 12)), jnp.int32)
+    tokens = tokens.at[:, :7].set(jnp.repeat(tokens[::4, :7], 4, axis=0))  # groups of 4 share a prompt
+    attention = jnp.ones_like(tokens)
+    for group in (1, 4):
+        one = step_lib.make_logprob_fn(graphdef, 1.0, group_size=group)(params, tokens, attention, num_targets=5)
+        chunked = step_lib.make_logprob_fn(graphdef, 1.0, group_size=group, row_chunks=4)(
+            params, tokens, attention, num_targets=5)
+        np.testing.assert_allclose(chunked, one, rtol=FORWARD_REL_ERR, atol=1e-6)
+    # As many chunks as the update's micro-batches per step, whole groups on every device:
+    # 8 prompts x 4 = 32 rows, 2 minibatches x 2 micro-batches -> 4 chunks of 8 rows; with groups of
+    # 4 over 4 devices a chunk needs 16 rows, so 2.
+    g = config_lib.GRPOSection(prompts_per_step=8, num_generations=4, num_minibatches=2, grad_accum_steps=2)
+    assert step_lib.logprob_row_chunks(g, row_multiple=1, group_size=1) == 4
+    assert step_lib.logprob_row_chunks(g, row_multiple=4, group_size=4) == 2
+    assert step_lib.logprob_row_chunks(dataclasses.replace(g, num_minibatches=1, grad_accum_steps=1), 1, 1) == 1

@@ -30,12 +30,29 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
 }
 
 
+# The leading dimensions of each matrix that are its inputs (the rest are outputs): q_proj
+# [D, N, H] maps D to N x H, o_proj [N, H, D] maps N x H to D. LoRA adapters (grpo_jax.lora) are
+# A [inputs, r] and B [r, outputs] and take their shardings from these.
+IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
+
+
+def adapter_spec(weight: str, which: str) -> tuple[str | None, ...]:
+    """A LoRA adapter's spec from its weight's: A [in, r] splits its input like the weight's first
+    input dimension, B [r, out] its output like the first output dimension (a flattened N x H
+    splits over heads as [N, H] does); the rank stays whole."""
+    spec = SHARDING[weight]
+    return (spec[0], None) if which == "lora_a" else (None, spec[IN_DIMS[weight]])
+
+
 def partition_specs(params):
-    """PartitionSpec per weight, same tree as `params`, read from the SHARDING table by name."""
+    """PartitionSpec per weight, same tree as `params`, read from the SHARDING table by name.
+    LoRA adapters (`.../q_proj/lora_a`) take theirs from their weight's (`adapter_spec`)."""
 
     def spec(path, leaf):
         # Innermost named key wins: ('layers', 0, 'attn', 'q_proj', .value) -> 'q_proj'.
         names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        if len(names) >= 2 and names[-1] in ("lora_a", "lora_b") and names[-2] in IN_DIMS:
+            return P(*adapter_spec(names[-2], names[-1]))
         for name in reversed(names):
             if name in SHARDING:
                 if len(SHARDING[name]) != jnp.ndim(leaf):
