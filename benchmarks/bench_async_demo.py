@@ -67,8 +67,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], help="extra override for every variant")
     parser.add_argument("--lora", action="store_true", help="also run configs/arith_cpu_lora.py once per repeat")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:K=V[,K=V...]: an extra variant of configs/arith_cpu.py")
     args = parser.parse_args()
     variants = {name: (o, "configs/arith_cpu.py") for name, o in VARIANTS.items()}
+    for spec in args.variant:
+        name, _, overrides = spec.partition(":")
+        variants[name] = (overrides.split(","), "configs/arith_cpu.py")
     if args.lora:
         variants.update({name: (o, "configs/arith_cpu_lora.py") for name, o in LORA_VARIANT.items()})
     results = {name: [] for name in variants}
