@@ -8,7 +8,9 @@ the reference is a separate frozen tree the optimizer never sees (Simply's layou
 
 The host never stalls the devices: JAX dispatches asynchronously, and the loop starts step N's
 rollout before it reads step N-1's update metrics (nanodo's order), so the devices go straight from
-one step's update to the next step's sampling while the host writes the previous step's row.
+one step's update to the next step's sampling while the host writes the previous step's row. With
+`train.max_staleness` > 0 the batches come instead from a rollout thread sampling from older params
+(`grpo_jax.async_rollouts`), and the same loop trains on them.
 """
 
 from __future__ import annotations

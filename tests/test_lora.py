@@ -203,6 +203,7 @@ def _device_run(tmp_path, devices: int) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # two subprocess runs (~20 s); CI runs it with the slow tests
 def test_lora_on_eight_devices_equals_one_device(tmp_path):
     one, eight = _device_run(tmp_path, 1), _device_run(tmp_path, 8)
     assert eight["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}

@@ -199,6 +199,7 @@ def _split_run(tmp_path, devices: int, rollout_devices: int) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # two subprocess runs (~20 s); CI runs it with the slow tests
 def test_rollouts_on_four_devices_and_training_on_four_equal_the_one_device_run(tmp_path):
     one, split = _split_run(tmp_path, 1, 0), _split_run(tmp_path, 8, 4)
     # The trainer's weights live on devices 0-3, the sampler's copy on devices 4-7, and rows split
