@@ -452,6 +452,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     import jax
 
     from grpo_jax import config as config_lib
+    from grpo_jax import lora as lora_lib
     from grpo_jax import run_context, sharding
     from grpo_jax import sampler as sampler_lib
 
@@ -524,7 +525,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "devices": n,
         "mesh": dict(mesh.shape),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
-                  "trainable_params": sum(math.prod(x.shape) for x in jax.tree.leaves(trainable)),
+                  "trainable_params": lora_lib.count(trainable),
                   "lora_r": config.model.lora_r,
                   "num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
                   "num_heads": model_config.num_heads, "num_kv_heads": kv_heads, "vocab_size": model_config.vocab_size,
@@ -535,8 +536,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "per_device_bytes": sizes,
         "state_bytes": state + sizes["gradients"],
         # What training adds to the weights: the trainable params, their gradients and Adam state.
-        "trainable_state_bytes": bytes_per_device(trainable) * (st.lora is not None) + sizes["opt_state"]
-        + sizes["gradients"] + (0 if st.lora is not None else sizes["params"]),
+        "trainable_state_bytes": bytes_per_device(trainable) + sizes["opt_state"] + sizes["gradients"],
         "programs": {k: {**dataclasses.asdict(p), "peak": p.peak} for k, p in programs.items()},
         "phases": phase_bytes,
         "peak": {"phase": peak_name, "bytes": peak, "parts": parts},

@@ -374,49 +374,13 @@ def validate(config: Config) -> None:
             "weight never moves. Keep model.param_dtype='float32' and set model.dtype='bfloat16' to compute "
             "in bf16 (and grpo.ref_dtype='bfloat16' for a bf16 reference)"
         )
-    if m.lora_r < 0:
-        raise ConfigError(f"model.lora_r={m.lora_r} must be >= 0 (0: full fine-tuning)")
-    if m.lora_r:
-        if m.lora_alpha <= 0:
-            raise ConfigError(f"model.lora_alpha={m.lora_alpha} must be > 0 (the adapters' scale is alpha / r)")
-        if m.lora_dropout:
-            raise ConfigError(
-                f"model.lora_dropout={m.lora_dropout}: grpo_jax merges the adapters into the weights (W + "
-                "alpha/r * A @ B), which leaves no adapter-only input to drop; set it to 0")
-        from grpo_jax.lora import resolve_targets  # noqa: PLC0415 - config stays importable on its own
-
-        try:
-            resolve_targets(m.lora_target_modules)
-        except ValueError as e:
-            raise ConfigError(f"model.lora_target_modules={list(m.lora_target_modules)}: {e}") from None
-        if g.ref_resync_every:
-            raise ConfigError(
-                f"grpo.ref_resync_every={g.ref_resync_every} with model.lora_r={m.lora_r}: the reference is the "
-                "frozen base itself; set grpo.ref_resync_every=0")
+    _validate_lora(m, g)
     if g.ref_resync_every and g.beta == 0:
         raise ConfigError(
             f"grpo.ref_resync_every={g.ref_resync_every} does nothing with grpo.beta=0: no reference model is "
             "used (or kept, or checkpointed); set grpo.beta > 0 or grpo.ref_resync_every=0"
         )
-    clip_max, clip_min = g.vllm_importance_sampling_clip_max, g.vllm_importance_sampling_clip_min
-    if clip_max is not None and clip_max <= 0:
-        raise ConfigError(f"grpo.vllm_importance_sampling_clip_max={clip_max} must be > 0 (or None: no upper bound)")
-    if clip_min is not None and clip_min < 0:
-        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be >= 0 (or None)")
-    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
-        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be below "
-                          f"grpo.vllm_importance_sampling_clip_max={clip_max}")
-    if g.vllm_importance_sampling_correction and g.old_logprobs == "sampler":
-        raise ConfigError(
-            "grpo.old_logprobs='sampler' with grpo.vllm_importance_sampling_correction=True: the correction "
-            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is the sampler's. Use "
-            "grpo.old_logprobs='auto' (the trainer's pi_old) or turn the correction off"
-        )
-    if config.mesh.rollout_devices and t.max_staleness == 0:
-        raise ConfigError(
-            f"mesh.rollout_devices={config.mesh.rollout_devices} needs train.max_staleness >= 1: synchronous "
-            "steps would leave the trainer's devices idle while the sampler's sample, and the other way round"
-        )
+    _validate_off_policy(config)
     if g.num_generations < 2:
         raise ConfigError(
             f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
@@ -462,6 +426,53 @@ def validate(config: Config) -> None:
             raise ConfigError(
                 f"model.num_heads={m.num_heads} must be a multiple of " f"model.num_kv_heads={m.num_kv_heads}"
             )
+
+
+def _validate_lora(m: ModelSection, g: GRPOSection) -> None:
+    """The model.lora_* rules (validate)."""
+    if m.lora_r < 0:
+        raise ConfigError(f"model.lora_r={m.lora_r} must be >= 0 (0: full fine-tuning)")
+    if m.lora_r:
+        if m.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_alpha={m.lora_alpha} must be > 0 (the adapters' scale is alpha / r)")
+        if m.lora_dropout:
+            raise ConfigError(
+                f"model.lora_dropout={m.lora_dropout}: grpo_jax merges the adapters into the weights (W + "
+                "alpha/r * A @ B), which leaves no adapter-only input to drop; set it to 0")
+        from grpo_jax.lora import resolve_targets  # noqa: PLC0415 - config stays importable on its own
+
+        try:
+            resolve_targets(m.lora_target_modules)
+        except ValueError as e:
+            raise ConfigError(f"model.lora_target_modules={list(m.lora_target_modules)}: {e}") from None
+        if g.ref_resync_every:
+            raise ConfigError(
+                f"grpo.ref_resync_every={g.ref_resync_every} with model.lora_r={m.lora_r}: the reference is the "
+                "frozen base itself; set grpo.ref_resync_every=0")
+
+
+def _validate_off_policy(config: Config) -> None:
+    """The sampler-correction and asynchronous-rollout rules (validate)."""
+    g, t = config.grpo, config.train
+    clip_max, clip_min = g.vllm_importance_sampling_clip_max, g.vllm_importance_sampling_clip_min
+    if clip_max is not None and clip_max <= 0:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_max={clip_max} must be > 0 (or None: no upper bound)")
+    if clip_min is not None and clip_min < 0:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be >= 0 (or None)")
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        raise ConfigError(f"grpo.vllm_importance_sampling_clip_min={clip_min} must be below "
+                          f"grpo.vllm_importance_sampling_clip_max={clip_max}")
+    if g.vllm_importance_sampling_correction and g.old_logprobs == "sampler":
+        raise ConfigError(
+            "grpo.old_logprobs='sampler' with grpo.vllm_importance_sampling_correction=True: the correction "
+            "weighs each token by pi_old / pi_sampler, which is 1 when pi_old is the sampler's. Use "
+            "grpo.old_logprobs='auto' (the trainer's pi_old) or turn the correction off"
+        )
+    if config.mesh.rollout_devices and t.max_staleness == 0:
+        raise ConfigError(
+            f"mesh.rollout_devices={config.mesh.rollout_devices} needs train.max_staleness >= 1: synchronous "
+            "steps would leave the trainer's devices idle while the sampler's sample, and the other way round"
+        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -193,6 +193,8 @@ def save_peft(adapters: dict, path, *, spec: LoraSpec, alpha: float, base_model:
 
     from safetensors.numpy import save_file
 
+    from grpo_jax import hf
+
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = {
@@ -204,6 +206,4 @@ def save_peft(adapters: dict, path, *, spec: LoraSpec, alpha: float, base_model:
     (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = path / "adapter_model.safetensors"
     save_file(peft_state_dict(adapters), str(weights), metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600 (see hf.save_model)
+    os.chmod(weights, 0o666 & ~hf._umask())  # safetensors writes 0600 (see hf.save_model)
