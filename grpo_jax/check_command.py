@@ -423,7 +423,8 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     batch = step_lib.UpdateBatch(
         tokens=arr((a, rows_per_micro, seq), i32, mb_sh), attention=arr((a, rows_per_micro, seq), i32, mb_sh),
         completion_mask=arr((a, rows_per_micro, c), i32, mb_sh), advantages=arr((a, rows_per_micro), f32, mb_sh),
-        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token, ref_logp=per_token if st.ref is not None else None)
+        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
+        ref_logp=per_token if st.ref is not None else None)
     programs["update"] = _compile("update", update_fn.lower(trainable, st.opt_state, batch, *frozen))
     return programs
 
@@ -438,7 +439,8 @@ def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_de
     phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
     # The reference pass reads the base under LoRA; the pi_old pass reads a merged copy beside it.
     for name, others in (("logprobs_ref", {"params": 0 if lora else sizes["params"]}),
-                         ("logprobs_policy", {"reference": sizes["reference"], "params": sizes["params"] if lora else 0})):
+                         ("logprobs_policy", {"reference": sizes["reference"],
+                                              "params": sizes["params"] if lora else 0})):
         if name in programs:
             phases[name] = ({**others, "adapters": sizes["adapters"], "opt_state": sizes["opt_state"],
                              "step_rows": sizes["step_rows"]}, programs[name])
