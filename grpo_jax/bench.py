@@ -36,6 +36,10 @@ W1_MODEL = ModelSection(tokenizer="builtin", vocab_size=1024, hidden_size=256, i
                         num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0,
                         qkv_bias=True, tie_embeddings=False, dtype="float32", param_dtype="float32")
 W1_PROMPT_LEN = 32  # the sampler's bucket for the 29-token prompts
+# W2 (benchmarks/bench_w2_gpu.py): a Qwen2.5-0.5B-shaped policy, bf16 compute on float32 masters.
+W2_MODEL = ModelSection(tokenizer="builtin", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                        num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1e6,
+                        qkv_bias=True, tie_embeddings=True, dtype="bfloat16")
 
 
 def w1_config(run_dir: str, *, steps: int = 12, prompts_per_step: int = 4, num_generations: int = 8,
@@ -218,6 +222,22 @@ def w3_completion_lengths(num_rows: int = 128, seed: int = 0, max_new_tokens: in
     97, mean ~136, ~3% at 512; seed 0: mean 143, 28% of 128 x 512 real)."""
     z = np.random.default_rng(seed).standard_normal(num_rows)
     return np.minimum(max_new_tokens, np.ceil(np.exp(np.log(96.0) + 0.9 * z))).astype(np.int64)
+
+
+W4_MAX_NEW_TOKENS = 4096
+
+
+def w4_completion_lengths(num_rows: int = 32, seed: int = 0, max_new_tokens: int = W4_MAX_NEW_TOKENS) -> np.ndarray:
+    """W4's completion lengths (reasoning lengths), int [num_rows]: the (r + 1/2) / num_rows
+    quantiles of a log-normal with median 500 and log-sd 1.2, capped at 4,096, in an order shuffled
+    by `seed`. Quantiles, not draws, so every seed has the same long tail: for 32 rows, median ~500,
+    mean ~890, four rows past 2,000 and the longest at 4,096 (benchmarks/NOTES.md)."""
+    import statistics
+
+    normal = statistics.NormalDist()
+    z = np.array([normal.inv_cdf((r + 0.5) / num_rows) for r in range(num_rows)])
+    lengths = np.minimum(max_new_tokens, np.ceil(np.exp(np.log(500.0) + 1.2 * z))).astype(np.int64)
+    return np.random.default_rng(seed).permutation(lengths)
 
 
 def fit_exponent(x, y) -> float:

@@ -203,7 +203,8 @@ def resolve_shape(config, preset: str | None):
         eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
         return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
     try:
-        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                                         attention_impl=m.attention_impl)
     except (KeyError, ValueError) as e:
         raise config_lib.ConfigError(f"{source}: {e}") from None
     eos = hf_config.get("eos_token_id", model_config.vocab_size - 1)
@@ -371,6 +372,7 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     from grpo_jax import run_context, sharding
     from grpo_jax import sampler as sampler_lib
     from grpo_jax import step as step_lib
+    from grpo_jax.model import remat
 
     g, s_cfg = config.grpo, config.sampling
     c = s_cfg.max_new_tokens
@@ -417,7 +419,8 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     trainable, frozen = (st.params, ()) if st.lora is None else (st.adapters, (st.params,))
     update_fn = sharding.shard_update_fn(
         step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group, lora=st.lora),
-        mesh, trainable, st.opt_state, frozen=frozen[0] if frozen else None)
+        mesh, trainable, st.opt_state, frozen=frozen[0] if frozen else None,
+        compiler_options=remat.backward_compiler_options(model_config))
     a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
     per_token = arr((a, rows_per_micro, c), f32, mb_sh)
     batch = step_lib.UpdateBatch(

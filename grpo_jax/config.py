@@ -48,10 +48,15 @@ class ModelSection:
     # dtype: bfloat16 there runs the forward and backward in bf16 on float32 masters.
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     dtype: Literal["float32", "bfloat16"] = "float32"
-    # Recompute each layer's activations in the backward pass instead of keeping them (jax.checkpoint
-    # per layer): the update's activation memory falls from all layers' to about one layer's plus
-    # each layer's input, for ~1/3 more forward compute. `python -m grpo_jax check` shows both.
-    remat: bool = False
+    # What each layer keeps for the backward pass (jax.checkpoint per layer). False / "none":
+    # everything. True / "layer_inputs": only its input, the rest recomputed (~1/3 more forward
+    # compute; activation memory about one layer's plus each layer's input). "dots": also its
+    # projections' outputs, only attention and elementwise work recomputed. `check` shows each.
+    remat: bool | Literal["none", "layer_inputs", "dots"] = False
+    # The attention kernel (grpo_jax.model.attention): "auto" picks cuDNN on GPUs, splash on TPUs
+    # where they apply, else the reference "xla" kernel for small calls and "blockwise" (memory
+    # linear in the length) beyond. The choice is logged at start-up.
+    attention_impl: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
     init_seed: int = 0
     # LoRA (TRL's ModelConfig names; grpo_jax.lora): lora_r > 0 trains rank-r adapters on the
     # lora_target_modules (HF names, or the presets "attention" / "all-linear") of a frozen base,

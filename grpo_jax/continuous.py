@@ -23,8 +23,8 @@ devices except the loop's exit test and the tensor-parallel model itself):
 A row's noise is fold_in(fold_in(rng, global row), the row's own step): the draw the static
 sampler makes for that row at that step, whatever slot or device the row lands in. Tokens and
 log-probs therefore equal the static sampler's up to the floating-point order of the attention's
-sums (a slot's cache is P + C slots wide, the static one grows by segments; masked slots add exact
-zeros but change the summation tree).
+sums (a slot attends over the blocks its live neighbours have written, a static row over its batch's;
+masked slots add exact zeros but change the summation tree).
 
 Each slot holds a cache of P + C slots: S slots cost S / B of the static sampler's cache.
 """
@@ -196,8 +196,13 @@ def generate(graphdef, params, st: SlotState, store: PromptStore, rng, first_row
             stops = stops | is_stop(token_S, eos_ids)
         # The slot's own cache position; a finished slot's writes land in its own (free) cache,
         # hidden from the next row, which writes each position before attending to it.
+        write_S = p + jnp.minimum(st.slot_step, c - 1)
+        # Attention visits the cache only up to the furthest live slot's position (and from the
+        # nearest one's window): a step costs what the longest live row has written, not P + C.
+        # Finished slots may then see nothing; their outputs are never read.
+        bounds = (jnp.min(jnp.where(live, write_S, p + c)), jnp.max(jnp.where(live, write_S, 0)))
         logits_SxV, caches = decode_step(graphdef, params, st.caches, st.key_mask_SxL, jnp.where(live, token_S, pad_id),
-                                         st.positions_S, p + jnp.minimum(st.slot_step, c - 1))
+                                         st.positions_S, write_S, bounds)
         st = st._replace(
             caches=caches, logits_SxV=logits_SxV, positions_S=st.positions_S + live,
             slot_step=st.slot_step + live, slot_done=st.slot_done | (live & stops),

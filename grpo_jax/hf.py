@@ -96,9 +96,38 @@ def _number(hf_config: dict[str, Any], key: str, kind: type = int):
     return kind(value)
 
 
-def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
-                   param_dtype: str | None = None, remat: bool = False) -> ModelConfig:
-    """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors."""
+def _sliding_windows(hf_config: dict[str, Any], arch: str, num_layers: int):
+    """(sliding_window, layer_types) as transformers reads them: Qwen2 and Qwen3 use a window only
+    with use_sliding_window (else sliding_window is None), in the layers `layer_types` names or,
+    without it, layers >= max_window_layers. (None, None): full attention."""
+    if arch == "LlamaForCausalLM":
+        if hf_config.get("use_sliding_window", False) or "sliding_attention" in (hf_config.get("layer_types") or []):
+            raise ValueError("config.json use_sliding_window / sliding_attention layers are not supported for "
+                             "LlamaForCausalLM; supported: full attention (sliding windows: Qwen2, Qwen3)")
+        return None, None
+    if not hf_config.get("use_sliding_window", False):
+        return None, None
+    window = hf_config.get("sliding_window")
+    if window is None:
+        return None, None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"config.json sliding_window must be a positive int, got {window!r}")
+    types = hf_config.get("layer_types")
+    if types is None:
+        first = int(hf_config.get("max_window_layers", num_layers))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"config.json layer_types must name full_attention or sliding_attention for each of "
+                         f"the {num_layers} layers, got {types!r}")
+    if "sliding_attention" not in types:
+        return None, None
+    return window, tuple(types)
+
+
+def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
+                   remat: bool | str = False, attention_impl: str = "auto") -> ModelConfig:
+    """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors.
+    remat and attention_impl say how the passes run (ModelConfig); config.json has neither."""
     arch = architecture_of(hf_config)
     act = hf_config.get("hidden_act", "silu")
     if act != "silu":
@@ -108,12 +137,8 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
         raise ValueError(f"config.json attention_bias=true ({arch}) is not supported; supported: false")
     if hf_config.get("mlp_bias", False):
         raise ValueError("config.json mlp_bias=true is not supported; supported: false")
-    sliding = hf_config.get("use_sliding_window", False) or "sliding_attention" in (
-        hf_config.get("layer_types") or [])
-    if sliding:
-        raise ValueError("config.json use_sliding_window / sliding_attention layers are not "
-                         "supported; supported: full attention in every layer")
     heads = _number(hf_config, "num_attention_heads")
+    window, layer_types = _sliding_windows(hf_config, arch, _number(hf_config, "num_hidden_layers"))
     hidden = _number(hf_config, "hidden_size")
     theta, scaling = _rope(hf_config)
     return ModelConfig(
@@ -132,7 +157,10 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32",
         qk_norm=arch == "Qwen3ForCausalLM",
         param_dtype=param_dtype or dtype,
         dtype=dtype,
+        sliding_window=window,
+        layer_types=layer_types,
         remat=remat,
+        attention_impl=attention_impl,
     )
 
 
@@ -228,8 +256,8 @@ def _get(tree: dict, path: tuple):
     return tree
 
 
-def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
-               param_dtype: str | None = None, remat: bool = False) -> Transformer:
+def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype: str | None = None,
+               remat: bool | str = False, attention_impl: str = "auto") -> Transformer:
     """Reads an HF checkpoint directory into a Transformer; model(tokens_BxT) -> logits_BxTxV.
 
     `dtype` is the compute dtype and, unless `param_dtype` is given, the weights' dtype too.
@@ -238,7 +266,8 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *,
     path = pathlib.Path(path)
     hf_config = read_config(path)
     try:
-        config = config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=remat)
+        config = config_from_hf(hf_config, dtype=dtype, param_dtype=param_dtype, remat=remat,
+                                attention_impl=attention_impl)
     except (KeyError, TypeError, ValueError) as e:  # a field missing or of the wrong type
         detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         raise ValueError(f"{path / 'config.json'}: {detail}") from None
@@ -293,7 +322,12 @@ def _architecture_for(config: ModelConfig) -> str:
                          "Qwen3ForCausalLM (qk_norm)")
     if config.qkv_bias:
         return "Qwen2ForCausalLM"
-    return "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
+    if config.qk_norm:
+        return "Qwen3ForCausalLM"
+    if config.layer_types is not None:
+        raise ValueError("sliding-window layers export as Qwen2ForCausalLM (qkv_bias) or Qwen3ForCausalLM "
+                         "(qk_norm); LlamaForCausalLM has no sliding window")
+    return "LlamaForCausalLM"
 
 
 # config.json keys by the ModelConfig fields they come from: a group whose fields the model still
@@ -310,8 +344,9 @@ _CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
     (("rms_norm_eps",), ("rms_norm_eps",)),
     (("tie_embeddings",), ("tie_word_embeddings",)),
-    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias",
-                               "use_sliding_window", "sliding_window", "layer_types")),
+    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
+    (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
+                                         "max_window_layers")),
 )
 _DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
 
@@ -344,7 +379,13 @@ def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
         out["attention_bias"] = False
     if arch == "LlamaForCausalLM":
         out["mlp_bias"] = False
-    if arch == "Qwen2ForCausalLM":
+    if c.layer_types is not None:
+        # Both spellings: layer_types (transformers >= 4.53 reads it first) and the older
+        # max_window_layers, exact when the sliding layers are the last ones.
+        sliding = [i for i, kind in enumerate(c.layer_types) if kind == "sliding_attention"]
+        out.update(use_sliding_window=True, sliding_window=c.sliding_window, layer_types=list(c.layer_types),
+                   max_window_layers=sliding[0])
+    elif arch == "Qwen2ForCausalLM":
         out["use_sliding_window"] = False
     return out
 

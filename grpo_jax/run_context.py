@@ -17,6 +17,7 @@ from grpo_jax import config as config_lib
 from grpo_jax import length_buckets
 from grpo_jax import lora as lora_lib
 from grpo_jax import model as model_lib
+from grpo_jax.model import remat as remat_lib
 from grpo_jax import optim
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_paths
@@ -133,17 +134,32 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         from grpo_jax import hf  # only needed for real checkpoints
 
         try:
-            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                                  attention_impl=m.attention_impl)
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
         check_vocab(model.config.vocab_size, tokenizer, f"model.hf_path={m.hf_path!r}'s config.json", m)
+        log_attention(model.config)
         graphdef, params = nnx.split(model)
         return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
     check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
     model_config = model_config_from_section(m, vocab)
+    log_attention(model_config)
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
+
+
+def log_attention(model_config: model_lib.ModelConfig) -> None:
+    """The attention kernel this backend runs and the remat policy, once at start-up."""
+    from grpo_jax.model import attention
+    from grpo_jax.model.config import DTYPES
+
+    c = model_config
+    windows = "" if c.layer_types is None else (
+        f"; sliding window {c.sliding_window} in {c.layer_types.count('sliding_attention')} of {c.num_layers} layers")
+    log.info("%s; remat=%s%s", attention.describe(c.attention_impl, dtype=DTYPES[c.dtype],
+                                                   head_dim=c.head_dim), c.remat_policy, windows)
 
 
 def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_lib.ModelConfig:
@@ -165,6 +181,7 @@ def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_l
         param_dtype=m.param_dtype,
         dtype=m.dtype,
         remat=m.remat,
+        attention_impl=m.attention_impl,
     )
 
 
@@ -301,16 +318,18 @@ def rollout_placement(config: config_lib.Config, graphdef, model_config, tokeniz
 
 
 def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
-                   lora=None, frozen=None):
+                   lora=None, frozen=None, model_config=None):
     """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
     prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
     passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). With `lora`,
-    `params` are the adapters, `frozen` the base, and the update takes the base last."""
+    `params` are the adapters, `frozen` the base, and the update takes the base last. `model_config`:
+    for the compiler options its remat policy needs (`model.remat.backward_compiler_options`)."""
+    options = remat_lib.backward_compiler_options(model_config)
     rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
     update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
         step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora), mesh, params,
-        opt_state, frozen=frozen,
+        opt_state, frozen=frozen, compiler_options=options,
     )
     model_params = params if frozen is None else frozen
     logprob_fn = step_lib.make_logprob_fn(
@@ -319,6 +338,7 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     bucketing = length_buckets.make_bucketing(
         g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
+        compiler_options=options,
     )
     return update_fn, logprob_fn, bucketing
 
@@ -374,7 +394,8 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
-                                                      params=params, opt_state=opt_state, lora=spec, frozen=base)
+                                                      params=params, opt_state=opt_state, lora=spec, frozen=base,
+                                                      model_config=model_config)
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool

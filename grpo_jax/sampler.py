@@ -4,12 +4,13 @@ Flow for N prompts x G samples (B = N * G rows; row r is prompt r // G, sample r
   1. Host: left-pad the prompts to the smallest bucket P >= longest prompt.
   2. `prefill` (jit): one forward over the prompts (not N * G rows: each prompt is prefilled once
      per device that holds its rows), then each prompt's keys/values are repeated for its samples
-     into a cache of exactly S = P + max_new_tokens slots per row, sized tightly (a generous cache
-     makes every decode step attend over empty slots).
+     into a cache of exactly S = P + max_new_tokens slots per row.
   3. `decode` (jit, the state pytree donated so the cache is updated in place): loop: sample a
      token from the current logits, feed it at cache slot P + step (written with
      dynamic_update_slice) to get the next logits. Rows that emitted EOS keep feeding pad tokens and
-     are masked; the loop exits early once every row is done (unless `ignore_eos`).
+     are masked; the loop exits early once every row is done (unless `ignore_eos`). A step attends
+     only over the cache blocks written so far (`grpo_jax.model.blockwise.decode_attention`), so an
+     unused max_new_tokens budget costs memory for the cache, not time.
 Both functions are compiled once per (P, N, G, SamplingConfig) and cached on the Sampler.
 
 On a mesh (one process or many, the same path), rows are split over ("data", "fsdp") from prefill
@@ -88,21 +89,6 @@ class DecodeState(NamedTuple):
     done_B: jax.Array              # bool: EOS already emitted
 
 
-_MAX_SEGMENTS = 8  # each segment is one more compiled loop body (seconds of compile on a CPU)
-
-
-def decode_segments(max_new_tokens: int, segment: int) -> tuple[int, ...]:
-    """Ends (in generated tokens) of the decode segments; segment k attends over P + end_k slots.
-
-    A fixed cache of P + C slots makes every step multiply all of them, masked ones included, so
-    long generations pay for slots not yet written. Growing the cache segment by segment attends
-    only over (about) the filled part; each extra segment costs one more compiled loop body, so
-    short generations (C <= segment) keep a single one.
-    """
-    seg = max(segment, -(-max_new_tokens // _MAX_SEGMENTS), 1)
-    return tuple(range(seg, max_new_tokens, seg)) + (max_new_tokens,)
-
-
 def _pad_slots(x: jax.Array, axis: int, slots: int) -> jax.Array:
     """`slots` zeros appended along the cache's slot axis."""
     widths = [(0, 0)] * x.ndim
@@ -110,28 +96,13 @@ def _pad_slots(x: jax.Array, axis: int, slots: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def _grow(state: "DecodeState", slots: int) -> "DecodeState":
-    """Appends `slots` empty cache slots (visible once written: the causal test hides the rest)."""
-    if slots == 0:
-        return state
-    b = state.key_mask_BxS.shape[0]
-    return state._replace(
-        caches=[KVCache(_pad_slots(layer.k_BxKxHxS, 3, slots), _pad_slots(layer.v_BxKxSxH, 2, slots))
-                for layer in state.caches],
-        key_mask_BxS=jnp.concatenate([state.key_mask_BxS, jnp.ones((b, slots), jnp.int32)], axis=1))
-
-
-def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int,
-            cache_tokens: int | None = None) -> DecodeState:
+def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int) -> DecodeState:
     """Forward over N left-padded prompts once; repeat each row's KV G = `num_samples` times into
-    S = P + c slots (row n * G + g of the state is prompt n).
-
-    c = `cache_tokens` (default max_new_tokens): the slots the first decode segment needs
-    (`decode_segments`); later segments grow the cache. With rows sharded, the repeat is local:
-    each device's G copies of its prompts are its own rows.
+    S = P + max_new_tokens slots (row n * G + g of the state is prompt n). With rows sharded, the
+    repeat is local: each device's G copies of its prompts are its own rows.
     """
     model = nnx.merge(graphdef, params)
-    g, c = num_samples, cache_tokens or max_new_tokens
+    g, c = num_samples, max_new_tokens
     p = tokens_NxP.shape[1]
     h_NxPxD, kv = model.hidden_states(tokens_NxP, default_positions(mask_NxP), mask_NxP, max_position=p)
     # Left padding puts every prompt's last real token in slot P - 1.
@@ -155,11 +126,13 @@ def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new
     )
 
 
-def decode_step(graphdef, params, caches, key_mask_BxS, tokens_B, positions_B, write_index):
-    """Feeds one token per row at cache slot write_index: (next logits_BxV float32, new caches)."""
+def decode_step(graphdef, params, caches, key_mask_BxS, tokens_B, positions_B, write_index, slot_bounds=None):
+    """Feeds one token per row at cache slot write_index (one for all rows, or [B]): (next logits_BxV
+    float32, new caches). slot_bounds: the lowest and highest write_index of the rows that count
+    (`Attention.__call__`; computed from write_index when None)."""
     model = nnx.merge(graphdef, params)
     h_Bx1xD, caches = model.hidden_states(tokens_B[:, None], positions_B[:, None], key_mask_BxS,
-                                          caches, write_index)
+                                          caches, write_index, slot_bounds=slot_bounds)
     return model.logits(h_Bx1xD)[:, 0], caches
 
 
@@ -246,20 +219,15 @@ def force_lengths(logits_SxV, step_S, length_S, eos_id: int, stop_ids: tuple[int
 
 
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
-           eos_id: int | tuple[int, ...], pad_id: int, segment: int | None = None, first_row=0,
-           forced_length_B=None) -> DecodeState:
+           eos_id: int | tuple[int, ...], pad_id: int, first_row=0, forced_length_B=None) -> DecodeState:
     """Samples up to max_new_tokens per row with a while_loop; stops early when all rows are done.
 
     A row is done once it samples any of the stop ids `eos_id` (one id or a tuple of them).
-
-    With `segment`, the loop runs in segments (`decode_segments`) and the cache grows between them,
-    so attention covers only the slots the segment can have filled; the samples are the same.
     Row b of this batch is global row first_row + b: its noise comes from `row_keys`.
     forced_length_B (benchmarks): row b stops after exactly that many tokens (`force_lengths`).
     """
     c = sampling.max_new_tokens
     eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
-    ends = decode_segments(c, segment or c)
     b = state.done_B.shape[0]
     keys_B = row_keys(rng, jnp.asarray(first_row, jnp.int32) + jnp.arange(b, dtype=jnp.int32))
 
@@ -279,12 +247,12 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
             step=st.step + 1,
         )
 
-    def cond_until(end):
+    def cond(st: DecodeState):
         if sampling.ignore_eos:
             # No row ever finishes early: a trip count, and (rows sharded) no all-reduce of the
             # rows' done flags across devices before every token.
-            return lambda st: st.step < end
-        return lambda st: (st.step < end) & ~jnp.all(st.done_B)
+            return st.step < c
+        return (st.step < c) & ~jnp.all(st.done_B)
 
     def body(st: DecodeState) -> DecodeState:
         # Sample, then feed the new token (slot P + step) to get the next logits. After the last
@@ -297,11 +265,7 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
         return st._replace(caches=caches, logits_BxV=logits_BxV, positions_B=st.positions_B + 1)
 
     state = state._replace(tokens_BxC=jnp.full_like(state.tokens_BxC, pad_id))
-    for end in ends:
-        # Slots for this segment's tokens; a no-op for the first (prefill sized it).
-        state = _grow(state, prompt_len + end - state.key_mask_BxS.shape[1])
-        state = jax.lax.while_loop(cond_until(end), body, state)
-    return state
+    return jax.lax.while_loop(cond, body, state)
 
 
 @functools.cache
@@ -381,7 +345,7 @@ class Sampler:
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int | Sequence[int], pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-                 decode_segment: int = 64, mesh=None, threads: int = 1, engine: str = "static",
+                 mesh=None, threads: int = 1, engine: str = "static",
                  decode_slots: int = 0, refill_every: int = 8):
         # Every stop id (`tokenizer.eos_ids`); a row's completion ends at the first of any of them.
         eos_ids = (eos_id,) if isinstance(eos_id, (int, np.integer)) else tuple(eos_id)
@@ -398,11 +362,6 @@ class Sampler:
         self.eos_id = self.eos_ids[0]
         self.pad_id = pad_id
         self.prompt_buckets = tuple(sorted(prompt_buckets))
-        if decode_segment <= 0:
-            raise ValueError(f"Sampler decode_segment must be a positive number of tokens, got {decode_segment}")
-        # Tokens per decode segment: generations longer than this grow the cache in segments and
-        # attend only over what can be filled (see decode_segments); shorter ones use one loop.
-        self.decode_segment = decode_segment
         # With a mesh, rows go over ("data", "fsdp") and the SampleOutput arrays are global arrays
         # sharded that way. One process passes all the prompts; several each pass their host slice
         # (`sharding.host_slice`) and read their rows back with `sharding.process_rows`. Without a
@@ -453,20 +412,19 @@ class Sampler:
             return self._continuous_functions(prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced)
         key = ("static", prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced)
         if key not in self._compiled:
-            ends = decode_segments(sampling.max_new_tokens, self.decode_segment)
             copies = num_rows // prefill_rows
 
             def prefill_fn(params, tokens_MxP, mask_MxP):
                 self.num_traces += 1
                 state = prefill(self.graphdef, params, tokens_MxP, mask_MxP, num_samples=copies,
-                                max_new_tokens=sampling.max_new_tokens, cache_tokens=ends[0])
+                                max_new_tokens=sampling.max_new_tokens)
                 return state, jnp.repeat(tokens_MxP, copies, axis=0)
 
             def decode_fn(params, state, rng, first_row, *forced_length_B):
                 if rng_impl is not None:  # a typed key, passed as its bits (host data, replicated)
                     rng = jax.random.wrap_key_data(rng, impl=rng_impl)
                 st = decode(self.graphdef, params, state, rng, prompt_len=prompt_len, sampling=sampling,
-                            eos_id=self.eos_ids, pad_id=self.pad_id, segment=self.decode_segment,
+                            eos_id=self.eos_ids, pad_id=self.pad_id,
                             first_row=first_row, forced_length_B=forced_length_B[0] if forced else None)
                 mask_BxP = state.key_mask_BxS[:, :prompt_len]
                 c = sampling.max_new_tokens
@@ -482,10 +440,8 @@ class Sampler:
                 # aliases an output: XLA then reuses the prefill's cache memory in place.
                 return st, (mask_BxP, st.tokens_BxC, mask_BxC, truncated_B, st.logprobs_BxC * mask_BxC)
 
-            # One segment: the prefill's cache is updated in place (donated, aliased by the output).
-            # Several: each segment's larger cache is new memory, so donating would only warn.
-            donate = (1,) if len(ends) == 1 else ()
-            self._compiled[key] = self._jit_pair(prefill_fn, decode_fn, self._state_shardings, donate, forced)
+            # The prefill's cache is updated in place (donated, aliased by the output).
+            self._compiled[key] = self._jit_pair(prefill_fn, decode_fn, self._state_shardings, (1,), forced)
         return self._compiled[key]
 
     def _jit_pair(self, prefill_fn, decode_fn, state_shardings, donate, forced: bool):

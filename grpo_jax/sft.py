@@ -20,6 +20,7 @@ from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import rollout
 from grpo_jax import sharding
+from grpo_jax.model import remat
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
 
@@ -56,15 +57,16 @@ def sft_batch(tokenizer, examples, *, max_answer_tokens: int) -> tuple[np.ndarra
     return tokens, attention, answer_mask
 
 
-def make_sft_step(graphdef, tx):
-    """Jitted `step(params, opt_state, tokens, attention, answer_mask) -> (params, opt_state, loss)`."""
+def make_sft_step(graphdef, tx, compiler_options: dict | None = None):
+    """Jitted `step(params, opt_state, tokens, attention, answer_mask) -> (params, opt_state, loss)`;
+    `compiler_options` as `model.remat.backward_compiler_options` gives them."""
 
     def loss_fn(params, tokens, attention, answer_mask):
         logp = model_lib.token_logprobs(graphdef, params, tokens, attention, num_targets=answer_mask.shape[1])
         mask = answer_mask.astype(jnp.float32)
         return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    @functools.partial(jax.jit, donate_argnums=(0, 1), compiler_options=compiler_options)
     def step(params, opt_state, tokens, attention, answer_mask):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens, attention, answer_mask)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -126,7 +128,7 @@ def warm_up(
     processes = processes or Processes(mesh)
     tx = optax.adamw(sft.learning_rate, b1=0.9, b2=0.99, weight_decay=0.0)
     opt_state = tx.init(params)
-    step_fn = make_sft_step(graphdef, tx)
+    step_fn = make_sft_step(graphdef, tx, remat.backward_compiler_options(sampler.config))
     rng = np.random.default_rng(seed)
     valid = [task.train_example(_VALID_OFFSET + i) for i in range(sft.eval_size)]
     history = []

@@ -270,22 +270,24 @@ class MeshJit:
             return self.jitted.lower(*args, **kwargs)
 
 
-def shard_update_fn(update_fn: Callable, mesh: Mesh, params, opt_state, *, row_axis: int = 1, frozen=None):
+def shard_update_fn(update_fn: Callable, mesh: Mesh, params, opt_state, *, row_axis: int = 1, frozen=None,
+                    compiler_options: dict | None = None):
     """`update_fn(params, opt_state, batch[, frozen]) -> (params, opt_state, metrics)` jitted for the mesh.
 
     In: params and opt_state in their training shardings (donated: updated in place), every batch
     array with its rows (axis `row_axis`) over ("data", "fsdp"), and `frozen` (LoRA's base params,
     read only; None: the update takes three arguments) in its training shardings. Out: the same
     shardings, metrics replicated, so every host can read them. `update_fn` may be plain Python or
-    already jitted (train.make_update_fn); the outer shardings win either way.
+    already jitted (train.make_update_fn); the outer shardings win either way, and so do the outer
+    `compiler_options` (`grpo_jax.model.remat.backward_compiler_options`).
     """
     p_sh = param_shardings(mesh, params)
     o_sh = opt_state_shardings(mesh, opt_state, params)
     in_sh = (p_sh, o_sh, batch_sharding(mesh, row_axis))
     if frozen is not None:
         in_sh += (param_shardings(mesh, frozen),)
-    return MeshJit(jax.jit(update_fn, in_shardings=in_sh,
-                           out_shardings=(p_sh, o_sh, replicated(mesh)), donate_argnums=(0, 1)), mesh)
+    return MeshJit(jax.jit(update_fn, in_shardings=in_sh, out_shardings=(p_sh, o_sh, replicated(mesh)),
+                           donate_argnums=(0, 1), compiler_options=compiler_options), mesh)
 
 
 # ----------------------------------------------------------------------------------------------

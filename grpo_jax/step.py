@@ -225,7 +225,7 @@ def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A):
 
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1,
-                   lora=None):
+                   lora=None, compiler_options: dict | None = None):
     """Returns the jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`.
 
     With `lora` (a `lora.LoraSpec`), `params` are the adapters and `frozen` the base params they
@@ -265,7 +265,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             grads, (metrics, tokens_A) = jax.lax.scan(micro_step, zeros, batch)
         return _apply_grads(tx, params, opt_state, grads, metrics, tokens_A)
 
-    return jax.jit(update, donate_argnums=(0, 1))
+    return jax.jit(update, donate_argnums=(0, 1), compiler_options=compiler_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +290,8 @@ class ChunkedUpdate:
 
 
 def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
-                        opt_state, group_size: int = 1, lora=None, frozen=None) -> ChunkedUpdate:
+                        opt_state, group_size: int = 1, lora=None, frozen=None,
+                        compiler_options: dict | None = None) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
     layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With `lora`,
     `params` are the adapters and `accumulate` takes the base (`frozen`, for its layout) last."""
@@ -312,8 +313,8 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
         accumulate_in += (sharding.param_shardings(mesh, frozen),)
     return ChunkedUpdate(
         zeros=jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p), in_shardings=(p_sh,), out_shardings=p_sh),
-        accumulate=sharding.MeshJit(jax.jit(accumulate, in_shardings=accumulate_in,
-                                            out_shardings=(p_sh, rep, rep), donate_argnums=1), mesh),
+        accumulate=sharding.MeshJit(jax.jit(accumulate, in_shardings=accumulate_in, out_shardings=(p_sh, rep, rep),
+                                            donate_argnums=1, compiler_options=compiler_options), mesh),
         # grads is not donated to apply: params and opt_state take every output buffer already.
         apply=jax.jit(apply, in_shardings=(p_sh, o_sh, p_sh, rep, rep), out_shardings=(p_sh, o_sh, rep),
                       donate_argnums=(0, 1)),

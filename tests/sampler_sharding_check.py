@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import compiled_programs  # noqa: E402
 from grpo_jax import model as model_lib  # noqa: E402
 from grpo_jax import sharding  # noqa: E402
+from grpo_jax.model import blockwise  # noqa: E402
 from grpo_jax.sampler import Sampler, SamplingConfig  # noqa: E402
 
 # Weights much larger than one decode step's activations, so "weight-sized" and "activation-sized"
@@ -47,10 +48,11 @@ MODEL = model_lib.ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=
 EOS, PAD = 7, 0
 SEED = 11
 PROMPTS = [[5, 9, 12], [7, 3, 22, 30, 4], [11, 2], [40, 41, 17, 8], [3], [60, 61, 62], [13, 14], [50, 9, 9]]
-# name -> (prompts, G, decode_segment). "8x2": 16 rows, prompts divide data*fsdp = 8 or 4 (each
-# device prefills 8 / (data*fsdp) prompts). "4x4": 16 rows, 4 prompts over 8 row devices (each
-# prefills one prompt, shared by two devices); its decode runs in two segments (the cache grows).
-WORKLOADS = {"8x2": (PROMPTS, 2, 64), "4x4": (PROMPTS[:4], 4, 4)}
+# name -> (prompts, G, decode block). "8x2": 16 rows, prompts divide data*fsdp = 8 or 4 (each
+# device prefills 8 / (data*fsdp) prompts); its cache is one decode block. "4x4": 16 rows, 4
+# prompts over 8 row devices (each prefills one prompt, shared by two devices); its decode attends
+# block by block (blocks of 4 slots, up to the rows' position: blockwise.decode_attention).
+WORKLOADS = {"8x2": (PROMPTS, 2, blockwise.DECODE_BLOCK), "4x4": (PROMPTS[:4], 4, 4)}
 SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0)
 ROW_FIELDS = ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B", "logprobs_BxC")
 
@@ -154,8 +156,9 @@ def main(argv=None) -> int:
     params1 = jax.jit(lambda: nnx.split(model_lib.init_model(MODEL, 0))[1])()
     result: dict = {"device_count": jax.device_count(), "reference": {}, "meshes": {}}
     reference = {}
-    for name, (prompts, g, segment) in WORKLOADS.items():
-        one = Sampler(graphdef, MODEL, eos_id=EOS, pad_id=PAD, decode_segment=segment)
+    for name, (prompts, g, block) in WORKLOADS.items():
+        blockwise.DECODE_BLOCK = block  # read when the sampler traces its decode (its first call)
+        one = Sampler(graphdef, MODEL, eos_id=EOS, pad_id=PAD)
         reference[name] = host(one(params1, prompts, num_samples=g, sampling=SAMPLING, rng=jax.random.key(SEED)))
         result["reference"][name] = {
             "rows": int(reference[name]["tokens_BxC"].shape[0]),
@@ -171,10 +174,11 @@ def main(argv=None) -> int:
         params = jax.device_put(params1, sharding.param_shardings(mesh, params1))
         g2 = graphdef
         entry = {}
-        for name, (prompts, g, segment) in WORKLOADS.items():
+        for name, (prompts, g, block) in WORKLOADS.items():
             if name == "4x4" and text not in args.uneven:
                 continue
-            sampler = Sampler(g2, MODEL, eos_id=EOS, pad_id=PAD, decode_segment=segment, mesh=mesh)
+            blockwise.DECODE_BLOCK = block
+            sampler = Sampler(g2, MODEL, eos_id=EOS, pad_id=PAD, mesh=mesh)
             out = sampler(params, prompts, num_samples=g, sampling=SAMPLING, rng=jax.random.key(SEED))
             got, want = host(out), reference[name]
             rows = sharding.batch_sharding(mesh)
@@ -199,7 +203,8 @@ def main(argv=None) -> int:
         if text == args.control:
             # The old layout: no mesh on the Sampler, host prompts go to jit unsharded (replicated),
             # the weights stay in the training layout (fsdp-sharded).
-            old = Sampler(g2, MODEL, eos_id=EOS, pad_id=PAD, decode_segment=WORKLOADS["8x2"][2])
+            blockwise.DECODE_BLOCK = WORKLOADS["8x2"][2]
+            old = Sampler(g2, MODEL, eos_id=EOS, pad_id=PAD)
             entry["control"] = inspect_programs(old, params, WORKLOADS["8x2"][0], WORKLOADS["8x2"][1], mesh)
         entry["seconds"] = time.perf_counter() - t1
         result["meshes"][text] = entry

@@ -2,8 +2,9 @@
 
 A tiny model; 4 prompts x G=3 = 12 rows through 3 decode slots (so every slot is refilled several
 times), two stop ids. Each row's noise is keyed by its global row and its own step, so tokens are
-equal; log-probs agree to float32 summation order (the continuous cache is P + C slots wide, the
-static one grows by segments: masked slots add exact zeros, but the sums' trees differ).
+equal; log-probs agree to float32 summation order (a continuous slot attends over the cache blocks
+its live neighbours have written, a static row over its batch's: masked slots add exact zeros, but
+the sums' trees differ).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ LOGP_ATOL = 1e-5
 def _sample(engine: str, *, slots: int = 3, refill_every: int = 2, forced=None, sampling=None, threads: int = 1):
     graphdef, params = nnx.split(M.init_model(CONFIG, 3))
     sampler = Sampler(graphdef, CONFIG, eos_id=STOP_IDS, pad_id=PAD, engine=engine, decode_slots=slots,
-                      refill_every=refill_every, decode_segment=8, threads=threads)
+                      refill_every=refill_every, threads=threads)
     sampling = sampling or SamplingConfig(max_new_tokens=24, temperature=1.0)
     out = sampler(params, PROMPTS, num_samples=3, sampling=sampling, rng=jax.random.key(5), forced_lengths=forced)
     return jax.tree.map(np.asarray, out), sampler
@@ -60,6 +61,19 @@ def test_continuous_rows_equal_the_static_samplers(slots, refill_every):
     ends = static.tokens_BxC[np.arange(12), lengths - 1][~static.truncated_B]
     assert set(ends.tolist()) <= set(STOP_IDS)
     assert sampler.slots_per_device(12) == min(slots, 12)
+
+
+def test_blocked_decode_attention_follows_the_live_rows_and_samples_the_same(monkeypatch):
+    # Cache blocks of 4 slots (P + C = 8 + 24 = 32 slots): each step attends from block 0 to the
+    # furthest live slot's block only; slots whose row finished may then see nothing. The rows
+    # must still equal the static engine's over the whole cache.
+    from grpo_jax.model import blockwise
+
+    static, _ = _sample("static")
+    monkeypatch.setattr(blockwise, "DECODE_BLOCK", 4)
+    for engine in ("static", "continuous"):
+        blocked, _ = _sample(engine)
+        _assert_same(static, blocked)
 
 
 def test_forced_lengths_stop_each_row_after_its_length_in_both_engines():

@@ -115,12 +115,46 @@ def test_config_from_hf_qwen3_takes_head_dim_from_config():
     ({"attention_bias": True}, "attention_bias=true"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'.*'llama3'"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention layers are not supported for "
+                                                               "LlamaForCausalLM"),
 ])
 def test_config_from_hf_rejects_what_the_model_lacks(change, message):
     cfg = {**hf.read_config(FIXTURES / "hf_llama"), **change}
     with pytest.raises(ValueError, match=message):
         hf.config_from_hf(cfg)
+
+
+def test_config_from_hf_reads_sliding_windows_as_transformers_does():
+    # Qwen2 / Qwen3: a window only with use_sliding_window; layers from layer_types, or without it
+    # the layers from max_window_layers on (transformers' Qwen2Config); none sliding -> full.
+    base = {**hf.read_config(FIXTURES / "hf_qwen2"), "num_hidden_layers": 4, "sliding_window": 6}
+    del base["layer_types"]  # transformers 5 writes it (all full_attention here); derived below
+    assert hf.config_from_hf({**base, "use_sliding_window": False}).layer_types is None
+    c = hf.config_from_hf({**base, "use_sliding_window": True, "max_window_layers": 2})
+    assert c.sliding_window == 6 and c.layer_types == ("full_attention",) * 2 + ("sliding_attention",) * 2
+    assert [c.window(i) for i in range(4)] == [None, None, 6, 6]
+    mixed = ["sliding_attention", "full_attention"] * 2
+    c = hf.config_from_hf({**base, "use_sliding_window": True, "layer_types": mixed})
+    assert c.layer_types == tuple(mixed)
+    assert hf.config_from_hf({**base, "use_sliding_window": True, "max_window_layers": 4}).layer_types is None
+    with pytest.raises(ValueError, match="sliding_window must be a positive int"):
+        hf.config_from_hf({**base, "use_sliding_window": True, "sliding_window": 0})
+    with pytest.raises(ValueError, match="layer_types must name full_attention or sliding_attention for each"):
+        hf.config_from_hf({**base, "use_sliding_window": True, "layer_types": ["sliding_attention"]})
+
+
+def test_sliding_window_export_round_trips(tmp_path):
+    # A Qwen2-shaped model with its last layer sliding writes use_sliding_window, sliding_window,
+    # layer_types and max_window_layers, and reads back as the same ModelConfig.
+    source = {k: v for k, v in hf.read_config(FIXTURES / "hf_qwen2").items() if k != "layer_types"}
+    cfg = hf.config_from_hf({**source, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1})
+    assert cfg.layer_types == ("full_attention", "sliding_attention")
+    written = hf.hf_config_from(cfg)
+    assert (written["use_sliding_window"], written["sliding_window"], written["max_window_layers"]) == (True, 4, 1)
+    assert hf.config_from_hf(written) == cfg
+    # A Llama (no q/k/v bias, no q/k norm) has no sliding window to write.
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no sliding window"):
+        hf.hf_config_from(dataclasses.replace(cfg, qkv_bias=False))
 
 
 # ---------------------------------------------------------------- bad checkpoints
@@ -403,6 +437,32 @@ def test_parity_fresh_transformers_model_and_export_back(name, tmp_path):
     again = mk.hf_logits(reloaded, tokens, mask)
     np.testing.assert_allclose(again[mask.astype(bool)], expected["logits_BxTxV"][mask.astype(bool)],
                                atol=1e-5)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+def test_parity_qwen2_sliding_window_logits_equal_transformers(impl, tmp_path):
+    # Layer 1 of 2 sliding with a window of 4 over 9-token rows (one left-padded by 3), so the
+    # window cuts into every row; transformers' eager attention with its sliding-window mask.
+    torch, mk = _transformers()
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(**mk.SMALL, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=True,
+                         sliding_window=4, max_window_layers=1, attn_implementation="eager",
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    hf_model = mk.random_hf_model(config, seed=5)
+    hf_model.save_pretrained(tmp_path / "hf")
+    tokens, mask = mk.fixed_tokens(seed=11)
+    expected = {"tokens_BxT": tokens, "mask_BxT": mask, "logits_BxTxV": mk.hf_logits(hf_model, tokens, mask)}
+    ours = hf.load_model(tmp_path / "hf", attention_impl=impl)
+    assert ours.config.layer_types == ("full_attention", "sliding_attention")
+    assert _masked_max_diff(ours, expected) < 1e-4
+    # The window matters: the same weights with full attention give other logits.
+    full = hf.load_model(tmp_path / "hf", attention_impl=impl)
+    full.config = dataclasses.replace(full.config, layer_types=None)
+    for layer in full.layers:
+        layer.attn.window = None
+    assert _masked_max_diff(full, expected) > 1e-3
 
 
 @pytest.mark.parity

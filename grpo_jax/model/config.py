@@ -8,6 +8,9 @@ import jax.numpy as jnp
 
 # Config dtype name -> jnp dtype, for param_dtype (storage) and dtype (compute).
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+REMAT_POLICIES = ("none", "layer_inputs", "dots")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")  # grpo_jax.model.attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +54,19 @@ class ModelConfig:
     qk_norm: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"
-    # How the backward pass runs, not the architecture (never written to an HF config.json): True
-    # recomputes each layer's activations in the backward pass (jax.checkpoint per layer) instead of
-    # keeping them, for about a third more forward compute.
-    remat: bool = False
+    # Sliding-window attention (Hugging Face's `sliding_window` and `layer_types`): a layer whose type
+    # is "sliding_attention" lets a token see itself and the sliding_window - 1 slots before it.
+    # layer_types None: every layer full attention.
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    # How the passes run, not the architecture (never written to an HF config.json).
+    # remat (`REMAT_POLICIES`): what each layer keeps for the backward pass. "none": everything;
+    # "layer_inputs" (or True): only its input, everything inside recomputed (about a third more
+    # forward compute); "dots": its projections' outputs (q|k|v, o, gate|up, down), attention and
+    # the elementwise work recomputed. No policy keeps attention scores.
+    remat: bool | str = False
+    # attention_impl: the attention kernel (`grpo_jax.model.attention.resolve`).
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -77,7 +89,34 @@ class ModelConfig:
             value = getattr(self, name)
             if value not in DTYPES:
                 raise ValueError(f"ModelConfig.{name} must be one of {sorted(DTYPES)}, got {value!r}")
+        if self.remat not in (True, False) and self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat must be True, False or one of {list(REMAT_POLICIES)}, "
+                             f"got {self.remat!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig.attention_impl must be one of {list(ATTENTION_IMPLS)}, "
+                             f"got {self.attention_impl!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
+                raise ValueError(f"ModelConfig.layer_types must give one of {list(LAYER_TYPES)} for each of the "
+                                 f"{self.num_layers} layers, got {self.layer_types!r}")
+            if "sliding_attention" in self.layer_types and not (
+                    isinstance(self.sliding_window, int) and self.sliding_window >= 1):
+                raise ValueError(f"ModelConfig.sliding_window must be an int >= 1 for sliding_attention layers, "
+                                 f"got {self.sliding_window!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(
                 f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
             )
+
+    @property
+    def remat_policy(self) -> str:
+        """`remat` as a policy name: True is "layer_inputs", False "none"."""
+        if self.remat is True:
+            return "layer_inputs"
+        return "none" if self.remat is False else self.remat
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s attention window in slots (None: full attention)."""
+        if self.layer_types is None or self.layer_types[layer] == "full_attention":
+            return None
+        return self.sliding_window

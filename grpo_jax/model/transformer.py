@@ -29,10 +29,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax.model.attention import KVCache, attend, attend_after_shared_prompt, attend_one_query
+from jax.ad_checkpoint import checkpoint_name
+
+from grpo_jax.model import blockwise
+from grpo_jax.model.attention import KVCache, attend, attend_one_query, self_attention, shared_prompt_attention
 from grpo_jax.model.config import DTYPES, ModelConfig
 from grpo_jax.model.kernels import constrain_rows, dense, rms_norm, swiglu
 from grpo_jax.model.partitioning import SHARDING
+from grpo_jax.model.remat import remat_layer
 from grpo_jax.model.rope import Rope, apply_rope, rope_inv_freq, rope_tables
 
 
@@ -69,9 +73,10 @@ def _num_random_weights(c: "ModelConfig") -> int:
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, normals: _NormalPool):
+    def __init__(self, config: ModelConfig, normals: _NormalPool, layer: int = 0):
         c, pd = config, DTYPES[config.param_dtype]
         self.config = config
+        self.window = config.window(layer)  # None: full attention
         self.q_proj = _param("q_proj", normals.take((c.hidden_size, c.num_heads, c.head_dim)))
         self.k_proj = _param("k_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
         self.v_proj = _param("v_proj", normals.take((c.hidden_size, c.num_kv_heads, c.head_dim)))
@@ -103,7 +108,7 @@ class Attention(nnx.Module):
             w_qkv = jnp.concatenate([self.q_proj[...].reshape(c.hidden_size, n * hd),
                                      self.k_proj[...].reshape(c.hidden_size, kv * hd),
                                      self.v_proj[...].reshape(c.hidden_size, kv * hd)], axis=1).astype(dt)
-            qkv = dense(x, w_qkv)
+            qkv = checkpoint_name(dense(x, w_qkv), "qkv_proj")
             q = qkv[..., : n * hd].reshape(b, t, n, hd)
             k = qkv[..., n * hd : (n + kv) * hd].reshape(b, t, kv, hd)
             v = qkv[..., (n + kv) * hd :].reshape(b, t, kv, hd)
@@ -125,33 +130,27 @@ class Attention(nnx.Module):
         prompt's projections computed once instead of G times. Returns [N, L, D].
         """
         c = self.config
-        n, p = prompt_mask_NxP.shape
-        _, g, cl = completion_mask_NxGxC.shape
-        kv, r, hd = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
+        n, l = x_NxLxD.shape[:2]
         q, k, v = self._qkv(x_NxLxD, rope)
-        k_prompt, v_prompt = k[:, :p].transpose(0, 2, 3, 1), v[:, :p].transpose(0, 2, 1, 3)
-        visible_NxPxP = (prompt_mask_NxP[:, None, :] > 0) & (
-            jnp.arange(p)[None, :] <= jnp.arange(p)[:, None])[None]
-        out_prompt = attend(q[:, :p], k_prompt, v_prompt, visible_NxPxP)  # [N, K, R, P, H]
-        out_prompt_NxPxNH = out_prompt.transpose(0, 3, 1, 2, 4).reshape(n, p, c.num_heads * hd)
-        out_completion = attend_after_shared_prompt(
-            q[:, p:].reshape(n, g, cl, kv, r, hd), k_prompt, v_prompt, prompt_mask_NxP,
-            k[:, p:].reshape(n, g, cl, kv, hd), v[:, p:].reshape(n, g, cl, kv, hd), completion_mask_NxGxC)
-        out_NxLxNH = jnp.concatenate([out_prompt_NxPxNH, out_completion.reshape(n, g * cl, -1)], axis=1)
-        w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * hd, c.hidden_size)
-        return dense(out_NxLxNH, w_o)
+        out_NxLxNxH = shared_prompt_attention(q, k, v, prompt_mask_NxP, completion_mask_NxGxC,
+                                              impl=c.attention_impl, window=self.window)
+        w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * c.head_dim, c.hidden_size)
+        return checkpoint_name(dense(out_NxLxNxH.reshape(n, l, -1), w_o), "o_proj")
 
-    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache: KVCache | None,
-                 write_index) -> tuple[jax.Array, KVCache]:
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache: KVCache | None, write_index,
+                 slot_bounds=None) -> tuple[jax.Array, KVCache]:
         """Attention of T queries at cache slots write_index + [0, T) over S key slots.
 
-        cache None: the keys are these T tokens themselves (S = T, write_index must be 0) and the
-        returned KVCache holds them (keys [B, K, H, T], values [B, K, T, H]). Otherwise this step's
-        k/v are written into the cache at write_index (dynamic_update_slice) and the updated cache
-        is returned; write_index is one slot for every row, or (T = 1) one per row, [B] (the
-        continuous sampler's rows are at different steps).
+        cache None: the keys are these T tokens themselves (S = T, write_index must be 0), the
+        kernel is `self_attention`'s choice, and the returned KVCache holds them (keys [B, K, H, T],
+        values [B, K, T, H]). Otherwise this step's k/v are written into the cache at write_index
+        (dynamic_update_slice) and the updated cache is returned; write_index is one slot for every
+        row, or (T = 1) one per row, [B] (the continuous sampler's rows are at different steps).
         key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
-        key_mask[b, s] and s <= q (causal).
+        key_mask[b, s] and s <= q (causal), and q - s < window in a sliding-window layer.
+        slot_bounds (decode, T = 1): the lowest and highest query slot over the batch (scalars);
+        with a cache longer than `blockwise.DECODE_BLOCK`, only the blocks between them (less the
+        window) are attended (`blockwise.decode_attention`). Computed here for one write_index.
         """
         c = self.config
         dt = DTYPES[c.dtype]
@@ -161,8 +160,9 @@ class Attention(nnx.Module):
         k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         write_index = jnp.asarray(write_index, jnp.int32)
         if cache is None:
-            cache = KVCache(k_BxKxHxT, v_BxKxTxH)
-        elif write_index.ndim == 1:  # one slot per row (continuous batching: rows at different steps)
+            out_BxTxNxH = self_attention(q, k, v, key_mask_BxS, impl=c.attention_impl, window=self.window)
+            return self._project_out(out_BxTxNxH.reshape(b, t, n * hd)), KVCache(k_BxKxHxT, v_BxKxTxH)
+        if write_index.ndim == 1:  # one slot per row (continuous batching: rows at different steps)
             cache = KVCache(_write_per_row(cache.k_BxKxHxS, k_BxKxHxT, write_index, axis=2),
                             _write_per_row(cache.v_BxKxSxH, v_BxKxTxH, write_index, axis=1))
         else:
@@ -175,23 +175,37 @@ class Attention(nnx.Module):
             )
         keys, values = cache.k_BxKxHxS.astype(dt), cache.v_BxKxSxH.astype(dt)
         s = keys.shape[3]
+        g = c.num_heads // c.num_kv_heads
+        o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
+        if t == 1 and s > blockwise.DECODE_BLOCK:
+            q_slot_B = jnp.broadcast_to(write_index, (b,))
+            if slot_bounds is None:  # one slot for all rows: no reduction (rows may be on other devices)
+                slot_bounds = ((write_index, write_index) if write_index.ndim == 0
+                               else (jnp.min(write_index), jnp.max(write_index)))
+            out = blockwise.decode_attention(q, keys, values, key_mask_BxS, q_slot_B, slot_bounds,
+                                             window=self.window, block=blockwise.DECODE_BLOCK)
+            return jnp.einsum("bkgth,kghd->btd", out, o_KxGxHxD), cache
         # Query slots: one for every row ([T]) or a row's own ([B, T]); visible up to the query's.
         if write_index.ndim == 0:
             q_slot_xT = (write_index + jnp.arange(t, dtype=jnp.int32))[None, :]
         else:
             q_slot_xT = write_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (
-            jnp.arange(s, dtype=jnp.int32)[None, None, :] <= q_slot_xT[:, :, None]
-        )
+        rel_xTxS = q_slot_xT[:, :, None] - jnp.arange(s, dtype=jnp.int32)[None, None, :]
+        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (rel_xTxS >= 0)
+        if self.window is not None:
+            visible_BxTxS = visible_BxTxS & (rel_xTxS < self.window)
         kernel = attend_one_query if t == 1 else attend
         out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
-        g = c.num_heads // c.num_kv_heads
-        o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
         if t == 1:
             return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
         # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
-        out_BxTxNH = out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * hd)
-        return dense(out_BxTxNH, o_KxGxHxD.reshape(n * hd, c.hidden_size)), cache
+        return self._project_out(out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * hd)), cache
+
+    def _project_out(self, out_BxTxNH) -> jax.Array:
+        """The o projection of [B, T, N*H] attention outputs, one matmul (see `dense`): [B, T, D]."""
+        c = self.config
+        w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * c.head_dim, c.hidden_size)
+        return checkpoint_name(dense(out_BxTxNH, w_o), "o_proj")
 
 
 def _write_per_row(cache_BxX, new_BxX, write_index_B, axis: int):
@@ -223,22 +237,23 @@ class MLP(nnx.Module):
             return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
         # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
         w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
-        return dense(swiglu(dense(x, w_gate_up)), self.down_proj[...].astype(dt))
+        gate_up = checkpoint_name(dense(x, w_gate_up), "gate_up_proj")
+        return checkpoint_name(dense(swiglu(gate_up), self.down_proj[...].astype(dt)), "down_proj")
 
 
 class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, normals: _NormalPool):
+    def __init__(self, config: ModelConfig, normals: _NormalPool, layer: int = 0):
         pd = DTYPES[config.param_dtype]
         self.config = config
         self.attn_norm = _param("attn_norm", jnp.ones((config.hidden_size,), pd))
-        self.attn = Attention(config, normals)
+        self.attn = Attention(config, normals, layer)
         self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
         self.mlp = MLP(config, normals)
 
-    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index):
+    def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index, slot_bounds=None):
         eps = self.config.rms_norm_eps
         attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), rope, key_mask_BxS, cache,
-                                    write_index)
+                                    write_index, slot_bounds)
         x = x_BxTxD + attn_out
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
 
@@ -248,13 +263,6 @@ class Block(nnx.Module):
         x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), rope,
                                               prompt_mask_NxP, completion_mask_NxGxC)
         return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
-
-
-def _maybe_remat(config: ModelConfig, run_layer):
-    """`run_layer(block, *arrays)`, recomputed in the backward pass when `config.remat` (nnx.remat,
-    i.e. jax.checkpoint with the block's weights as inputs): the backward then keeps each layer's
-    input instead of every intermediate inside it."""
-    return nnx.remat(run_layer) if config.remat else run_layer
 
 
 def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
@@ -268,7 +276,7 @@ class Transformer(nnx.Module):
         self.config = config
         normals = _NormalPool(rngs.params(), _num_random_weights(c), pd)
         self.embed = _param("embed", normals.take((c.vocab_size, c.hidden_size)))
-        self.layers = nnx.List([Block(c, normals) for _ in range(c.num_layers)])
+        self.layers = nnx.List([Block(c, normals, i) for i in range(c.num_layers)])
         self.final_norm = _param("final_norm", jnp.ones((c.hidden_size,), pd))
         if not c.tie_embeddings:
             self.lm_head = _param("lm_head", normals.take((c.hidden_size, c.vocab_size)))
@@ -286,7 +294,7 @@ class Transformer(nnx.Module):
         return self.logits(h_BxTxD)
 
     def hidden_states(self, tokens_BxT, positions_BxT, key_mask_BxS, caches=None, write_index=0,
-                      max_position: int | None = None):
+                      max_position: int | None = None, slot_bounds=None):
         """Final-normed hidden states [B, T, D] (compute dtype) and one KVCache per layer.
 
         caches None: S = T, the tokens attend to themselves (causal, key_mask = attention mask),
@@ -294,6 +302,7 @@ class Transformer(nnx.Module):
         tokens occupy slots write_index + [0, T) of the given caches (decode) and the updated caches
         return. max_position: a bound the caller guarantees on every position (0 <= p < it), which
         lets RoPE use a lookup table (`rope_tables`); positions from `default_positions` stay below T.
+        slot_bounds (decode): the batch's lowest and highest query slot (`Attention.__call__`).
         """
         c = self.config
         x = constrain_rows(self.embed[...][tokens_BxT].astype(DTYPES[c.dtype]))
@@ -301,10 +310,10 @@ class Transformer(nnx.Module):
         new_caches = []
         for i, layer in enumerate(self.layers):
             if caches is None:
-                x, cache = _maybe_remat(c, lambda blk, x, rope, mask: blk(x, rope, mask, None, 0))(
+                x, cache = remat_layer(c, lambda blk, x, rope, mask: blk(x, rope, mask, None, 0))(
                     layer, x, rope, key_mask_BxS)
             else:
-                x, cache = layer(x, rope, key_mask_BxS, caches[i], write_index)
+                x, cache = layer(x, rope, key_mask_BxS, caches[i], write_index, slot_bounds)
             x = constrain_rows(x)
             new_caches.append(cache)
         return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
@@ -325,7 +334,7 @@ class Transformer(nnx.Module):
         tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
         x = constrain_rows(self.embed[...][tokens_NxL].astype(DTYPES[c.dtype]))
         rope = rope_tables(positions_NxL, rope_inv_freq(c), x.dtype, max_position=p + cl)
-        run_layer = _maybe_remat(c, lambda blk, *args: blk.shared_prompt(*args))
+        run_layer = remat_layer(c, lambda blk, *args: blk.shared_prompt(*args))
         for layer in self.layers:
             x = constrain_rows(run_layer(layer, x, rope, prompt_mask_NxP, completion_mask_NxGxC))
         h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
