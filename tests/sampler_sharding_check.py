@@ -52,7 +52,7 @@ PROMPTS = [[5, 9, 12], [7, 3, 22, 30, 4], [11, 2], [40, 41, 17, 8], [3], [60, 61
 # device prefills 8 / (data*fsdp) prompts); its cache is one decode block. "4x4": 16 rows, 4
 # prompts over 8 row devices (each prefills one prompt, shared by two devices); its decode attends
 # block by block (blocks of 4 slots, up to the rows' position: blockwise.decode_attention).
-WORKLOADS = {"8x2": (PROMPTS, 2, blockwise.DECODE_BLOCK), "4x4": (PROMPTS[:4], 4, 4)}
+WORKLOADS = {"8x2": (PROMPTS, 2, 256), "4x4": (PROMPTS[:4], 4, 4)}
 SAMPLING = SamplingConfig(max_new_tokens=6, temperature=1.0)
 ROW_FIELDS = ("prompt_tokens_BxP", "prompt_mask_BxP", "tokens_BxC", "mask_BxC", "truncated_B", "logprobs_BxC")
 

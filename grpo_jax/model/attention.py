@@ -178,8 +178,10 @@ def describe(impl: str, *, dtype, head_dim: int, backend: str | None = None) -> 
 def causal_visible(key_valid_BxS, num_queries: int, query_offset: int = 0, window: int | None = None):
     """[B, T, S] bool: query t (slot query_offset + t) sees key s (the reference kernels' mask)."""
     s = key_valid_BxS.shape[1]
-    rel = query_offset + jnp.arange(num_queries)[:, None] - jnp.arange(s)[None, :]
-    ok = rel >= 0 if window is None else (rel >= 0) & (rel < window)
+    q_slot_Tx1, k_slot_1xS = query_offset + jnp.arange(num_queries)[:, None], jnp.arange(s)[None, :]
+    ok = k_slot_1xS <= q_slot_Tx1
+    if window is not None:
+        ok = ok & (q_slot_Tx1 - k_slot_1xS < window)
     return (key_valid_BxS[:, None, :] > 0) & ok[None]
 
 

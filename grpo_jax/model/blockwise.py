@@ -41,9 +41,26 @@ import jax.numpy as jnp
 # 512 x 512 keeps them at 1 MiB per (row, query head), far below the layer's own activations at
 # reasoning lengths, while the per-tile matmuls stay large enough for every backend's matmul units.
 DEFAULT_BLOCK = 512
-# Decode: caches longer than this are attended block by block up to the longest row
-# (`decode_attention`); shorter ones in one piece (`attention.attend_one_query`).
-DECODE_BLOCK = 256
+# Decode: caches longer than 4 blocks are attended block by block up to the longest row
+# (`decode_attention`); shorter ones in one piece (`attention.attend_one_query`, faster there: W1's
+# 96-slot cache decodes 8% slower in two blocks). None: per backend (`decode_block`); tests and
+# benchmarks set an int.
+DECODE_BLOCK: int | None = None
+BLOCKED_DECODE_MIN_BLOCKS = 4
+
+
+def decode_block(backend: str | None = None) -> int:
+    """Slots per decode block: `DECODE_BLOCK`, else 64 on a CPU, 512 on an accelerator.
+
+    CPU (W3's rollout, 2 threads, seconds for blocks of 32 / 64 / 128 / 256): static engine 6.9 /
+    6.4 / 7.5 / 10.6, continuous 2.5 / 2.3 / 2.6 / 2.8 (benchmarks/NOTES.md): small blocks follow
+    the rows' lengths closely and each is cheap. On an accelerator every loop iteration is a few
+    kernel launches, and reading a block of the cache costs little next to the weights, so fewer,
+    larger blocks.
+    """
+    if DECODE_BLOCK is not None:
+        return DECODE_BLOCK
+    return 64 if (backend or jax.default_backend()) == "cpu" else 512
 _FLOOR = float(jnp.finfo(jnp.float32).min)  # a finite -inf: masked scores, never NaN
 
 

@@ -149,7 +149,7 @@ class Attention(nnx.Module):
         key_mask_BxS: 1 where a slot holds a real token. Slot s is visible from query slot q when
         key_mask[b, s] and s <= q (causal), and q - s < window in a sliding-window layer.
         slot_bounds (decode, T = 1): the lowest and highest query slot over the batch (scalars);
-        with a cache longer than `blockwise.DECODE_BLOCK`, only the blocks between them (less the
+        with a cache of more than 4 `blockwise.decode_block()`s, only the blocks between them (less the
         window) are attended (`blockwise.decode_attention`). Computed here for one write_index.
         """
         c = self.config
@@ -177,23 +177,24 @@ class Attention(nnx.Module):
         s = keys.shape[3]
         g = c.num_heads // c.num_kv_heads
         o_KxGxHxD = self.o_proj[...].astype(dt).reshape(c.num_kv_heads, g, c.head_dim, c.hidden_size)
-        if t == 1 and s > blockwise.DECODE_BLOCK:
+        block = blockwise.decode_block()
+        if t == 1 and s > blockwise.BLOCKED_DECODE_MIN_BLOCKS * block:
             q_slot_B = jnp.broadcast_to(write_index, (b,))
             if slot_bounds is None:  # one slot for all rows: no reduction (rows may be on other devices)
                 slot_bounds = ((write_index, write_index) if write_index.ndim == 0
                                else (jnp.min(write_index), jnp.max(write_index)))
             out = blockwise.decode_attention(q, keys, values, key_mask_BxS, q_slot_B, slot_bounds,
-                                             window=self.window, block=blockwise.DECODE_BLOCK)
+                                             window=self.window, block=block)
             return jnp.einsum("bkgth,kghd->btd", out, o_KxGxHxD), cache
         # Query slots: one for every row ([T]) or a row's own ([B, T]); visible up to the query's.
         if write_index.ndim == 0:
             q_slot_xT = (write_index + jnp.arange(t, dtype=jnp.int32))[None, :]
         else:
             q_slot_xT = write_index[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-        rel_xTxS = q_slot_xT[:, :, None] - jnp.arange(s, dtype=jnp.int32)[None, None, :]
-        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (rel_xTxS >= 0)
+        k_slot_1x1xS = jnp.arange(s, dtype=jnp.int32)[None, None, :]
+        visible_BxTxS = (key_mask_BxS[:, None, :] > 0) & (k_slot_1x1xS <= q_slot_xT[:, :, None])
         if self.window is not None:
-            visible_BxTxS = visible_BxTxS & (rel_xTxS < self.window)
+            visible_BxTxS = visible_BxTxS & (q_slot_xT[:, :, None] - k_slot_1x1xS < self.window)
         kernel = attend_one_query if t == 1 else attend
         out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
         if t == 1:
