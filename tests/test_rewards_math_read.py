@@ -42,6 +42,8 @@ RULES = [
     ("chain", "x = 1/3 = 1/2", "1/2", 0.0),                     # a hedge as a chain
     ("chain", "2 + 2 = 5", "5", 0.0),
     ("chain", "2x = 10", "10", 0.0),                            # an equation, not the value 10
+    ("chain", "(x+1)^2 = x^2 + 2x + 1", "x^2 + 2x + 1", 1.0),  # an identity states its right side
+    ("chain", "(x+1)^2 = x^2 + x + 1", "x^2 + x + 1", 0.0),    # an equation (x = 0), not that value
     # joined lists: "and" / "or" make a list, compared as a multiset
     ("join", r"1 \text{ and } 2", "1, 2", 1.0),
     ("join", "x = 1 or x = -2", "1, -2", 1.0),
@@ -78,6 +80,10 @@ RULES = [
     ("number", "1,2", "1, 2", 1.0),
     ("number", "32, 349", "32349", 0.0),                         # a list of two numbers
     ("number", "-12; -11; -10", r"\{-12, -11, -10\}", 1.0),      # `;` separates entries
+    # a trailing modulus: the residue is the answer
+    ("modulus", r"9 \pmod{11}", "9", 1.0),
+    ("modulus", r"9 \pmod 11", "9", 1.0),
+    ("modulus", r"20 \pmod{11}", "9", 0.0),                     # congruent, but not the residue
     # LaTeX forms
     ("latex", r"\cfrac{1}{3}", "1/3", 1.0),
     ("latex", r"\nicefrac{2}{3}", "1/3", 0.0),

@@ -19,6 +19,8 @@ _TEXT_CMDS = r"\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm|mathbf|bold
 _WHOLE_TEXT_RE = re.compile(rf"{_TEXT_CMDS}\{{([^{{}}\\]*)\}}")
 # A trailing unit: `\text{ cm}`, `\mbox{dollars}`, `\mathrm{kg}^2`, or bare `cm^2` after a number.
 _TRAILING_TEXT_RE = re.compile(rf"(?<=\S)\s*{_TEXT_CMDS}\{{\s*([A-Za-z][A-Za-z .]*)\}}(?:\^\{{?[23]\}}?)?\s*$")
+# A trailing modulus: `9 \pmod{11}`, `9 \pmod 11`, `9 \ (\mathrm{mod}\ 11)`: the residue is the answer.
+_TRAILING_MOD_RE = re.compile(r"(?<=\S)\s*(?:\\pmod\s*\{[^{}]*\}|\\pmod\s*\d+|\(\s*\\?(?:bmod|mod)\s*\d+\s*\))\s*$")
 _TRAILING_UNIT_RE = re.compile(rf"(?<=[\d}}\s])\s*(?:{_UNIT_WORDS})(?:\^\{{?[23]\}}?)?\s*$", re.ASCII)
 _WRAPPER_RE = re.compile(rf"{_TEXT_CMDS}\{{([^{{}}]*)\}}")
 # Words that make a trailing `\text{...}` a hedge or a sentence, not a unit: `3 \text{ or four}`.
@@ -70,6 +72,7 @@ def normalize_answer(text: str, number_format: str = "en") -> str:
     - a whole answer in `\\text{...}` (or `\\textbf`, `\\mbox`, `\\mathrm`, ...) is unwrapped and kept:
       `\\text{Evelyn}` is the word answer `Evelyn` (compared as words by the verifier);
     - one trailing unit after a value is dropped (`\\text{ cm}`, `\\mbox{ inches}^2`, `cm^2`, ...),
+      and so is a trailing modulus (`9 \\pmod{11}` is the residue 9),
       unless its words hedge (`3 \\text{ or four}` keeps its words, and the parser rejects them);
     - `\\text{...}` and `\\mathrm{...}` around anything else are unwrapped, so words inside them
       ("1/3 or 1/2") reach the parser and are rejected there;
@@ -80,11 +83,15 @@ def normalize_answer(text: str, number_format: str = "en") -> str:
       entries (`(1; 2)` is the pair).
     """
     s = text.strip()
-    for char, ascii_form in _UNICODE.items():
-        s = s.replace(char, ascii_form)
-    for command in _FRACTIONS:
-        s = s.replace(command, "\\frac")
-    s = _ARRAY_RE.sub(r"\\begin{matrix}", s).replace("\\end{array}", "\\end{matrix}").replace("!=", "\\neq ")
+    if not s.isascii():  # the membership tests keep plain answers on the fast path (bench_verifier)
+        for char, ascii_form in _UNICODE.items():
+            s = s.replace(char, ascii_form)
+    if "frac" in s:
+        for command in _FRACTIONS:
+            s = s.replace(command, "\\frac")
+    if "array" in s:
+        s = _ARRAY_RE.sub(r"\\begin{matrix}", s).replace("\\end{array}", "\\end{matrix}")
+    s = s.replace("!=", "\\neq ")
     if number_format == "comma":
         s = _DOTTED_THOUSANDS_RE.sub(lambda m: m.group(0).replace(".", ""), s.replace("{,}", ","))
         s = _DECIMAL_COMMA_RE.sub(".", s)
@@ -100,7 +107,7 @@ def normalize_answer(text: str, number_format: str = "en") -> str:
     if m := _WHOLE_TEXT_RE.fullmatch(s):
         return m.group(1).strip()
     s = _TRAILING_TEXT_RE.sub(_drop_unit, s).strip()
-    s = _TRAILING_UNIT_RE.sub("", s).strip()
+    s = _TRAILING_UNIT_RE.sub("", _TRAILING_MOD_RE.sub("", s)).strip()
     s = _WRAPPER_RE.sub(r"\1", s).strip()
     if number_format != "comma" and _THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "")

@@ -10,7 +10,7 @@ lenient one would pay a hedge (seed Part 2):
 | `x = 5`, `f(x) = x^2`, `AB = 4`, `x \\in [0, 1]` | the value, labelled | the bare value, or the same label and value |
 | `x = 1, x = -2`; `x_1 = 1, x_2 = -2`; `x = 1, -2` | one letter's solutions, unordered | `1, -2` in any order |
 | `AB = 4, CD = 5`; `(p, q) = (3, 2)`; `p = 3, q = 2` | labelled entries, in written order | the same labels with the same values, or the bare entries in that order (`4, 5`, `(3, 2)`); never `5, 4` |
-| `x = 5 + 6 = 11`, `\\frac12 \\cdot 12 = 6` | the last side, when every side is equal by value | `11`, `6`; `x = 1/3 = 1/2`, `2 + 2 = 5` (sides that differ) are rejected |
+| `x = 5 + 6 = 11`, `\\frac12 \\cdot 12 = 6`, `(x+1)^2 = x^2+2x+1` | the last side, when every side is equal by value | `11`, `6`, `x^2+2x+1`; `x = 1/3 = 1/2`, `2 + 2 = 5` (sides that differ) are rejected |
 | `1 and 2`, `1 or 2`, `(1, 2) and (3, 4)` | a list of answers, unordered | `1, 2` in any order; never `1` alone (a list never equals one of its entries) |
 | `\\frac{639}{40} or 15\\frac{39}{40}` | one answer written twice, when the entries joined by "or" alone are equal | `\\frac{639}{40}` |
 | `\\frac13 \\approx 0.333` | the exact part; the approximation must agree with it to its last digit | `1/3` |
@@ -155,7 +155,7 @@ def _entry(text: str) -> tuple[str | tuple[str, ...] | None, object]:
         return None, parse_math(text)
     name = _label(sides[0]) or _tuple_label(sides[0])
     values = [parse_math(side) for side in (sides[1:] if name is not None else sides)]
-    if name is None and len(values) == 2 and not all(_constant(v) for v in values):
+    if name is None and len(values) == 2 and not _identity(*values):
         return None, parse_math(text)  # an equation: `2x = 10`, `5x - 7y + 11z + 4 = 0`
     if len(values) > 1:  # equal sides: `x = 5 + 6 = 11`, `\frac12 \cdot 12 = 6`; the last is the answer
         last = _scalar(values[-1])
@@ -164,8 +164,15 @@ def _entry(text: str) -> tuple[str | tuple[str, ...] | None, object]:
     return name, values[-1]
 
 
-def _constant(value) -> bool:
-    return isinstance(value, sympy.Basic) and not value.free_symbols
+def _identity(lhs, rhs) -> bool:
+    """Both sides constants, or equal for every value of their letters (`(x+1)^2 = x^2 + 2x + 1`):
+    a statement of the right side, not an equation to solve. Constants that differ are checked
+    (and rejected) by the caller."""
+    if not (isinstance(lhs, sympy.Basic) and isinstance(rhs, sympy.Basic)):
+        return False
+    if not lhs.free_symbols and not rhs.free_symbols:
+        return True
+    return lhs.free_symbols == rhs.free_symbols and exprs_equal(lhs, rhs)
 
 
 def _solutions(values: list) -> Unordered:
