@@ -5,17 +5,21 @@ defences of seed Part 2 rely on it). Evaluation reads answers where models put t
 lm-eval-harness's Minerva task and math-verify look (the first rule that finds one wins):
 
 1. the Minerva phrase, "The final answer is X. I hope it is correct." (its last occurrence);
-2. the last `\\boxed{}` (or `\\fbox{}`); boxes in a row joined only by `,`, "and", "or" or `$` are
-   one list (`\\boxed{1}, \\boxed{2}` reads `1, 2`), so several hedged boxes never equal one answer;
+2. the last `\\boxed{}` (or `\\fbox{}`); boxes in a row joined only by `,`, "and", "or", spacing or
+   `$` are one list (`\\boxed{1}, \\boxed{2}` reads `1, 2`), so several hedged boxes never equal
+   one answer (joined by "or" alone and equal by value, they are that one answer);
 3. "final answer is X", "the answer is X", "Answer: X" (the last occurrence), X running to the end
-   of its sentence ("Answer: the largest $n$ is X" restates a subject first); math in X (`$...$`, `\\(...\\)`, `\\[...\\]`, a box) is X, several spans joined
-   by `,`, "and" or "or" are a list, and a number followed by at most three plain words is the
-   number ("the answer is 5 apples");
-4. the last displayed maths (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`) of the final sentence, with
-   the spans joined to it as in 3 ("So $x = 1$ or $x = 2$.").
+   of its sentence ("Answer: the largest $n$ is X" restates a subject first); maths in X
+   (`$...$`, `\\(...\\)`, `\\[...\\]`, a box) is X, several spans joined by `,`, "and" or "or" are
+   a list, and a number followed by at most three plain words is the number ("the answer is 5
+   apples");
+4. the last displayed maths (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`) of the final sentence,
+   with the spans joined to it as in 3 ("So $x = 1$ or $x = 2$.").
 
-A hedge in words ("X or possibly Y", "not X but Y") finds nothing: text between spans must be a
-joining word. Work is linear in the completion's length, which callers bound.
+A hedge finds nothing, and no later rule is tried: words around or between the answers of rule 3
+("either $5$ or $6$", "$5$, not $6$"), or a short gap holding "or", "maybe", "not", ... between the
+last two boxes or spans of rules 2 and 4. Work is linear in the completion's length, which callers
+bound.
 """
 
 from __future__ import annotations
