@@ -11,7 +11,8 @@ starts: a baseline). The data: `--data gsm8k` / `--data math500` (shipped with g
 Parquet file, or none (the configured task's own held-out examples). A file is read with the
 configured jsonl task's fields (`eval_question_field`, else `question_field`, ...) unless
 `--question-field` / `--answer-field` / `--answer-format` say otherwise; prompts and checking follow
-the configured task's `template` and `answer_location` (plain and `\\boxed{}` for other tasks).
+the configured task's `template` and `eval_answer_location` (by default the lenient reading when the
+task trains on `\\boxed{}`; plain and `\\boxed{}` for other tasks).
 
 The figures come from `grpo_jax.rollout.evaluate`, the trainer's held-out evaluation: the same
 sampler, prompt encoding, checker and sampling keys (`train.seed` folded with the checkpoint's step,
@@ -153,7 +154,10 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
         return "heldout", None, task, examples[: args.limit]
     try:
         checker = AnswerChecker(template=opts.get("template", "plain"),
-                                answer_location=opts.get("answer_location", "boxed"))
+                                answer_location=opts.get("answer_location", "boxed"),
+                                eval_answer_location=opts.get("eval_answer_location"),
+                                approx_rtol=opts.get("approx_rtol", 0.0),
+                                number_format=opts.get("number_format", "en"))
     except ValueError as e:
         raise config_lib.ConfigError(f"task.options: {e}") from None
     fields = Fields(question=opts.get("eval_question_field") or opts.get("question_field", "question"),

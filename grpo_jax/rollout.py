@@ -147,12 +147,14 @@ def evaluate(
 ) -> dict[str, float]:
     """Held-out pass@1, pass@k, maj@k (n=`num_samples` per question) and greedy accuracy.
 
-    Correctness is the task's own checker (`task.eval_correct`), which may be stricter than the
-    training reward (seed Part 2, defence 4); a truncated answer never finished, so it has no final
-    answer and is wrong (defence 3). Batches are padded to a fixed number of prompts so the sampler
-    compiles once per eval shape. Several processes: each answers its slice of every batch and the
-    per-question results are summed over processes (`processes`; None: one process). Prompts are
-    text or messages (`encode_prompt`).
+    Correctness is the task's own checker (`task.eval_correct`), which may differ from the
+    training reward: stricter (seed Part 2, defence 4), or, for a jsonl task trained on one box,
+    reading the answer where lm-eval-harness does (the lenient location; the comparison and its
+    hedge rules are the training reward's; `eval_answer_location="boxed"` reads as training does).
+    A truncated answer never finished, so it has no final answer and is wrong (defence 3). Batches
+    are padded to a fixed number of prompts so the sampler compiles once per eval shape. Several
+    processes: each answers its slice of every batch and the per-question results are summed over
+    processes (`processes`; None: one process). Prompts are text or messages (`encode_prompt`).
 
     on_batch(done, total): called after each sampler call has been read and checked (`total`
     batches: one pass over the questions per mode, sampled then greedy).

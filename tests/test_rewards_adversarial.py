@@ -141,6 +141,19 @@ def test_math_adversarial_table(name, completion, answer, expected):
     assert time.monotonic() - start < 1.5, f"{name} took too long"  # inline timeout is 1 s
 
 
+# The lenient location (evaluation's) reads the last of several boxes, so a completion that boxes
+# the right answer twice is right there; every other hack of the table still scores what it does
+# under the strict one-box rule.
+LENIENT_DIFFERS = {"two boxes, both right": 1.0}
+
+
+@pytest.mark.parametrize("name, completion, answer, expected", MATH_TABLE, ids=[r[0] for r in MATH_TABLE])
+def test_math_adversarial_table_read_leniently(name, completion, answer, expected):
+    start = time.monotonic()
+    assert math_reward(completion, answer, location="lenient") == LENIENT_DIFFERS.get(name, expected), name
+    assert time.monotonic() - start < 1.5, f"{name} took too long"
+
+
 @pytest.mark.parametrize("name, completion, expected", CODE_TABLE, ids=[r[0] for r in CODE_TABLE])
 def test_code_adversarial_table(name, completion, expected):
     assert code_reward(completion, SANDBOX_TESTS, timeout_s=3.0) == expected, name
@@ -176,6 +189,7 @@ def test_hostile_text_never_executes(tmp_path):
     ]
     for p in payloads:
         assert math_reward(p, "0") == 0.0
+        assert math_reward(p, "0", location="lenient") == 0.0
         assert math_reward(r"\boxed{0}", p) == 0.0  # even a hostile ground truth
         assert extract_boxed(p) in (None, py, rf"\text{{{py}}}")
         assert format_reward(p) in (0.0, 1.0)

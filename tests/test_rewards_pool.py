@@ -14,6 +14,7 @@ from grpo_jax.rewards import (
     WeightedReward,
     compute_rewards,
     math_accuracy_reward,
+    math_accuracy_reward_fn,
     math_reward,
 )
 from grpo_jax.rewards.pool import CallTimeout, RemoteError
@@ -82,6 +83,16 @@ def test_math_accuracy_reward_through_the_pool(pool):
     assert math_accuracy_reward([""] * 5, completions, answer=answers, pool=pool) == [1.0, 1.0, 0.0, 1.0, 0.0]
     # Same scores as inline, item for item.
     assert [math_reward(c, a) for c, a in zip(completions, answers)] == [1.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_lenient_options_reach_the_workers(pool):
+    # The symbolic cases go to the workers with their VerifyOptions: the lenient location and an
+    # approximation tolerance must apply there as inline (3.1416 vs pi: 2.3e-6 relative error).
+    fn = math_accuracy_reward_fn(location="lenient", approx_rtol=1e-4)
+    completions = ["The answer is $\\sqrt{8}$.", "So $x \\approx 3.1416$.", "\\boxed{2\\sqrt2} or \\boxed{3}"]
+    answers = ["2\\sqrt{2}", "\\pi", "2\\sqrt{2}"]
+    assert fn([""] * 3, completions, answer=answers, pool=pool) == fn([""] * 3, completions, answer=answers)
+    assert fn([""] * 3, completions, answer=answers, pool=pool) == [1.0, 1.0, 0.0]
 
 
 def test_bad_arguments_and_closed_pool():

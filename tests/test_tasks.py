@@ -159,6 +159,10 @@ def test_hash_answer_table(text, expected, reason):
         ("<answer>\\boxed{18}</answer>", "answer_tag", "plain", "18"),  # a box inside is unwrapped
         ("<answer>18</answer><answer>17</answer>", "answer_tag", "plain", None),  # two blocks
         ("18", "answer_tag", "plain", None),
+        ("\\boxed{17} no, \\boxed{18}", "lenient", "plain", "18"),  # the last box
+        ("The final answer is $18$. I hope it is correct.", "lenient", "plain", "18"),
+        ("<think>\nthe answer is 17\n</think>\n<answer>\nThe answer is 18.\n</answer>", "lenient", "r1", "18"),
+        ("<think>\nthe answer is 17\n</think>\n<answer>\n18\n</answer>", "lenient", "r1", None),  # only the block
     ],
 )
 def test_located_answer_table(completion, location, template, expected):

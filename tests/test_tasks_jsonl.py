@@ -282,14 +282,45 @@ def math_task(template="plain"):
         ("so \\boxed{\\dfrac{1}{3}}", True, "\\dfrac and \\frac are the same value"),
         ("\\boxed{1/3}", True, "plain fraction"),
         ("\\boxed{0.5}", False, "wrong value"),
-        ("\\boxed{1/3} or \\boxed{1/2}", False, "two boxes"),
-        ("1/3", False, "no box"),
+        ("\\boxed{1/3} or \\boxed{1/2}", False, "two boxes joined by 'or': a list of two, not 1/3"),
+        ("1/3", False, "no box, no answer phrase, no maths"),
+        # Evaluation reads leniently by default (the training reward below stays one box):
+        ("The final answer is $\\frac{1}{3}$. I hope it is correct.", True, "the Minerva phrase"),
+        ("\\boxed{1/2}, hmm, recheck the denominators ... \\boxed{1/3}", True, "the last box"),
+        ("So the answer is 1/3.", True, "'the answer is'"),
     ],
 )
 def test_math_eval_correct(completion, expected, reason):
     task = math_task()
     example = {"answer": "\\frac{1}{3}"}
     assert task.eval_correct(completion, example) is expected, reason
+
+
+def test_training_reward_stays_one_box_while_evaluation_reads_leniently():
+    task = math_task()
+    completions = ["So the answer is 1/3.", "\\boxed{1/2} no: \\boxed{1/3}", "\\boxed{1/3}"]
+    (spec,) = task.reward_fns()
+    assert spec.fn(["p"] * 3, completions, answer=["1/3"] * 3) == [0.0, 0.0, 1.0]
+    assert [task.eval_correct(c, {"answer": "1/3"}) for c in completions] == [True, True, True]
+    strict = JsonlTask(path=MATH, question_field="problem", answer_field="solution", eval_fraction=0.0,
+                       eval_answer_location="boxed")
+    assert [strict.eval_correct(c, {"answer": "1/3"}) for c in completions] == [False, False, True]
+    lenient = JsonlTask(path=MATH, question_field="problem", answer_field="solution", eval_fraction=0.0,
+                        answer_location="lenient")
+    assert lenient.example({"question": "q?"})["prompt"] == "q? Put the answer in \\boxed{}."
+    (spec,) = lenient.reward_fns()
+    assert spec.fn(["p"] * 3, completions, answer=["1/3"] * 3) == [1.0, 1.0, 1.0]
+
+
+def test_approx_rtol_and_number_format_reach_training_and_evaluation():
+    task = JsonlTask(path=MATH, question_field="problem", answer_field="solution", eval_fraction=0.0,
+                     approx_rtol=1e-3, number_format="comma")
+    (spec,) = task.reward_fns()
+    # 3,1416 is pi to 2.3e-6 (comma format); 0,5 is exactly 1/2; 3,2 is 1.9% from pi.
+    assert spec.fn(["p"] * 3, ["\\boxed{3,1416}", "\\boxed{0,5}", "\\boxed{3,2}"],
+                   answer=["\\pi", "1/2", "\\pi"]) == [1.0, 1.0, 0.0]
+    assert task.eval_correct("The answer is 3,1416.", {"answer": "\\pi"})
+    assert task.extract_answer("\\boxed{0,5}") == "1/2"
 
 
 def test_r1_eval_needs_the_box_in_the_answer_block_and_extract_normalises():
@@ -324,7 +355,12 @@ def test_extract_answer_groups_equal_values_for_majority_voting():
     votes = [task.extract_answer(c) for c in ("\\boxed{0.50}", "\\boxed{\\frac{1}{2}}", "\\boxed{1/2}")]
     assert votes == ["1/2", "1/2", "1/2"]
     assert task.extract_answer("\\boxed{2 \\sqrt{2}}") == "2\\sqrt{2}"
-    assert task.extract_answer("\\boxed{1} \\boxed{2}") is None
+    # Evaluation reads leniently by default: boxes in a row are one list, which votes as a list
+    # (and never equals "1" or "2" alone); the strict location reads no answer at all.
+    assert task.extract_answer("\\boxed{1} \\boxed{2}") == "1,2"
+    strict = JsonlTask(path=MATH, question_field="problem", answer_field="solution", eval_fraction=0.0,
+                       eval_answer_location="boxed")
+    assert strict.extract_answer("\\boxed{1} \\boxed{2}") is None
 
 
 # --- Parquet ------------------------------------------------------------------------------------
@@ -485,8 +521,14 @@ def test_answer_tag_location_with_r1_rewards_format_and_content():
 
 
 def test_bad_answer_location_lists_the_choices():
-    with pytest.raises(ValueError, match=r"answer_location='hash'.*\['boxed', 'gsm8k', 'answer_tag'\]"):
+    with pytest.raises(ValueError, match=r"answer_location='hash'.*\['boxed', 'gsm8k', 'answer_tag', 'lenient'\]"):
         JsonlTask(path=GSM8K, answer_location="hash")
+    with pytest.raises(ValueError, match=r"eval_answer_location='last'.*'lenient'\]"):
+        JsonlTask(path=GSM8K, eval_answer_location="last")
+    with pytest.raises(ValueError, match=r"approx_rtol=-0.1: give a relative tolerance in \[0, 1\)"):
+        JsonlTask(path=GSM8K, approx_rtol=-0.1)
+    with pytest.raises(ValueError, match=r"number_format='de'; choose one of \['en', 'comma'\]"):
+        JsonlTask(path=GSM8K, number_format="de")
 
 
 # --- shipped eval sets and their fields -----------------------------------------------------------

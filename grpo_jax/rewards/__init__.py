@@ -21,21 +21,30 @@ from grpo_jax.rewards.combine import (
 )
 from grpo_jax.rewards.format import format_reward, format_reward_fn
 from grpo_jax.rewards.length import overlong_penalty_fn, soft_overlong_penalty, truncation_gate, truncation_gated
+from grpo_jax.rewards.math_locate import lenient_answer
 from grpo_jax.rewards.math_parse import MathParseError, parse_math
 from grpo_jax.rewards.math_verify import (
+    LOCATIONS,
+    NUMBER_FORMATS,
+    VerifyOptions,
     answers_equal,
     extract_boxed,
     fast_math_reward,
     math_accuracy_reward,
+    math_accuracy_reward_fn,
     math_reward,
     normalize_answer,
+    verify,
+    verify_options,
 )
 from grpo_jax.rewards.pool import VerifierPool
 
 __all__ = [
-    "LambdaSchedule", "MathParseError", "RewardFn", "RewardInterrupted", "RewardTimeoutError", "VerifierPool", "WeightedReward", "answers_equal",
+    "LOCATIONS", "LambdaSchedule", "MathParseError", "NUMBER_FORMATS", "RewardFn", "RewardInterrupted",
+    "RewardTimeoutError", "VerifierPool", "VerifyOptions", "WeightedReward", "answers_equal",
     "check_format_weight", "code_reward", "code_reward_fn", "compute_rewards", "extract_boxed",
-    "fast_math_reward", "format_reward", "format_reward_fn", "gate", "math_accuracy_reward", "math_reward",
-    "normalize_answer", "overlong_penalty_fn", "parse_math", "penalty", "scheduled", "soft_overlong_penalty",
-    "truncation_gate", "truncation_gated", "weighted_sum",
+    "fast_math_reward", "format_reward", "format_reward_fn", "gate", "lenient_answer", "math_accuracy_reward",
+    "math_accuracy_reward_fn", "math_reward", "normalize_answer", "overlong_penalty_fn", "parse_math", "penalty",
+    "scheduled", "soft_overlong_penalty", "truncation_gate", "truncation_gated", "verify", "verify_options",
+    "weighted_sum",
 ]

@@ -14,12 +14,12 @@ checker is a loophole). What each kind means, as decided for MATH-style answers:
 | `(0,9) \\cup (9,36)` | `Union` | the same parts in any order (touching parts are not merged) |
 | `\\begin{pmatrix}1\\\\2\\end{pmatrix}` | `Matrix` | same shape, entries equal; an n x 1 column also equals an n-tuple |
 | `52_8`, `4210_{5}` | `BaseNumeral` | same base and same value (`052_8` = `52_8`); never a plain number |
-| `5x-7y+11z+4=0`, `x \\le 5`, `-2 < x \\le 7` | `Relation` | the same relations up to sides, order and a nonzero (for `=`) or positive (for `<`, `\\le`) constant factor |
+| `5x-7y+11z+4=0`, `x \\le 5`, `-2 < x \\le 7`, `x \\neq 3` | `Relation` | the same relations up to sides, order and a nonzero (for `=`, `\\neq`) or positive (for `<`, `\\le`) constant factor; or, in one letter against an interval or union, the same set (`x \\le 3` = `(-\\infty, 3]`, `x \\neq 3` = `(-\\infty,3) \\cup (3,\\infty)`) |
 | `\\text{Evelyn}`, `ellipse` | `Text` | the same words, case and spacing ignored |
 
 `\\pm` is a set: `a \\pm b` is {a + b, a - b}, never a hedge that matches either one alone.
-A leading assignment (`x = 5`, `x = 1, x = -2`, `x \\in [-2, 7]`) is dropped by
-`math_verify.answers_equal` before these comparisons (the letter must agree when both sides have one).
+Labels (`x = 5`, `x = 1, x = -2`, `x \\in [-2, 7]`, `AB = 4, CD = 5`, `(p, q) = (3, 2)`), chains of
+equal sides (`x = 5 + 6 = 11`) and `\\approx` are read by `math_read` before these comparisons.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class BaseNumeral:
 
 @dataclasses.dataclass(frozen=True)
 class Relation:
-    """`sides[0] ops[0] sides[1] ops[1] ...`; ops are '=', '<', '<=', '>', '>='."""
+    """`sides[0] ops[0] sides[1] ops[1] ...`; ops are '=', '!=', '<', '<=', '>', '>='."""
 
     sides: tuple
     ops: tuple
@@ -151,12 +151,12 @@ def _keys_differ(ka, kb) -> bool:
 
 
 def _atoms(rel: Relation) -> list[tuple[str, sympy.Basic]]:
-    """Each link of a chain as (kind, d) meaning `d = 0`, `d < 0` or `d <= 0`."""
+    """Each link of a chain as (kind, d) meaning `d = 0`, `d != 0`, `d < 0` or `d <= 0`."""
     atoms = []
     for (lhs, rhs), op in zip(zip(rel.sides, rel.sides[1:]), rel.ops):
         match op:
-            case "=":
-                atoms.append(("=", lhs - rhs))
+            case "=" | "!=":
+                atoms.append((op, lhs - rhs))
             case "<" | "<=":
                 atoms.append((op, lhs - rhs))
             case ">" | ">=":
@@ -187,7 +187,63 @@ def _proportional(d1, d2, *, positive: bool) -> bool:
 
 
 def relations_equal(a: Relation, b: Relation) -> bool:
-    return _matched(_atoms(a), _atoms(b), lambda x, y: x[0] == y[0] and _proportional(x[1], y[1], positive=x[0] != "="))
+    return _matched(_atoms(a), _atoms(b),
+                    lambda x, y: x[0] == y[0] and _proportional(x[1], y[1], positive=x[0] in ("<", "<=")))
+
+
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "!=": "!="}
+
+
+def relation_as_set(rel: Relation):
+    """The solution set of a relation in one letter with constant bounds, as the parser writes sets.
+
+    `x < 3` -> the open interval `(-oo, 3)` (a 2-tuple, as `(a, b)` parses), `x \\ge 3` ->
+    `Interval(3, oo, True, False)`, `-2 \\le x < 7` -> `Interval(-2, 7, True, False)`, `x \\neq 3` ->
+    `Union(((-oo, 3), (3, oo)))`. None for anything else (`2x < 6`, `x = 3`, two letters, an empty
+    range such as `5 < x < 1`): those are compared as relations only.
+    """
+    symbols = set().union(*(side.free_symbols for side in rel.sides))
+    if len(symbols) != 1:
+        return None
+    (x,) = symbols
+    sides, ops = rel.sides, rel.ops
+    if len(sides) == 2:
+        if sides[0] == x:
+            bound, op = sides[1], ops[0]
+        elif sides[1] == x:
+            bound, op = sides[0], _FLIPPED.get(ops[0])
+        else:
+            return None
+        if bound.free_symbols or bound.has(*_INFINITIES):
+            return None
+        match op:
+            case "<":
+                return (-sympy.oo, bound)
+            case "<=":
+                return Interval(-sympy.oo, bound, False, True)
+            case ">":
+                return (bound, sympy.oo)
+            case ">=":
+                return Interval(bound, sympy.oo, True, False)
+            case "!=":
+                return Union(((-sympy.oo, bound), (bound, sympy.oo)))
+        return None
+    if len(sides) != 3 or sides[1] != x or sides[0].free_symbols or sides[2].free_symbols:
+        return None
+    if all(op in ("<", "<=") for op in ops):
+        lo, hi, lo_closed, hi_closed = sides[0], sides[2], ops[0] == "<=", ops[1] == "<="
+    elif all(op in (">", ">=") for op in ops):
+        lo, hi, lo_closed, hi_closed = sides[2], sides[0], ops[1] == ">=", ops[0] == ">="
+    else:
+        return None
+    gap = sympy.N(hi - lo, 30)
+    if not (gap.is_real and gap > 0):
+        return None
+    return (lo, hi) if not (lo_closed or hi_closed) else Interval(lo, hi, lo_closed, hi_closed)
+
+
+def _set_like(value) -> bool:
+    return isinstance(value, (Interval, Union)) or isinstance(value, tuple) and len(value) == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,6 +275,10 @@ def answer_values_equal(a, b) -> bool:
     """Equality by value of two parsed answers (see the module docstring's table). May raise."""
     if isinstance(a, sympy.Basic) and isinstance(b, sympy.Basic):
         return exprs_equal(a, b)
+    for rel, other in ((a, b), (b, a)):  # `x \\le 3` against `(-\\infty, 3]`: the same set
+        if isinstance(rel, Relation) and _set_like(other):
+            as_set = relation_as_set(rel)
+            return as_set is not None and answer_values_equal(as_set, other)
     if isinstance(a, Matrix) and isinstance(b, tuple):
         a, b = b, a
     if isinstance(a, tuple):

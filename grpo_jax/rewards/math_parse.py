@@ -10,7 +10,7 @@ degrees, bit lengths, factorials). Anything outside the grammar or its bounds ra
 
 Grammar (LaTeX and plain text; `^` binds tighter than unary minus, as in maths):
     answer  := chain (',' chain)*                    two or more: Unordered (a bare list of solutions)
-    chain   := union (relop union)*                  relop: = < > <= >= \\le \\leq \\ge \\geq \\lt \\gt
+    chain   := union (relop union)*                  relop: = < > <= >= \\le \\leq \\ge \\geq \\lt \\gt \\neq
     union   := expr (\\cup expr)*
     expr    := term (('+' | '-' | \\pm | \\mp) term)*
     term    := unary (('*' | '/' | \\cdot | \\times | \\div) unary | <implicit> power)*
@@ -18,9 +18,10 @@ Grammar (LaTeX and plain text; `^` binds tighter than unary minus, as in maths):
     mixed   := integer \\frac{p}{q}                   0 < p < q: the mixed number integer + p/q
     power   := postfix ('^' (group | unary))?
     postfix := atom '!'*                             n! for integers 0 <= n <= MAX_FACTORIAL
-    atom    := number | integer '_' base | letter | pi | '{' expr '}' | \\{ items \\}
+    atom    := number | integer '_' base | letter | pi | '{' items '}' | \\{ items \\} | \\emptyset
              | ('(' | '[') items (')' | ']')         one item: grouping; more: a tuple, or with a
-                                                     square bracket an interval (exactly two items)
+                                                     square bracket an interval (exactly two items);
+                                                     braces around two or more: a set, as `\\{...\\}`
              | \\begin{pmatrix} rows \\end{pmatrix}   (also bmatrix, matrix): '&' columns, '\\\\' rows
              | \\frac A B | \\sqrt[n]? A | \\pi | \\infty | func ('^' A)? ('_' A)? A
     func    := sin cos tan cot sec csc arcsin arccos arctan log ln exp (`\\log_b x` has a base)
@@ -89,6 +90,7 @@ _PM_CMDS = {"\\pm", "\\mp"}
 _RELATIONS = {
     "=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "\\lt": "<", "\\gt": ">",
     "\\le": "<=", "\\leq": "<=", "\\leqslant": "<=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=",
+    "\\neq": "!=", "\\ne": "!=",
 }
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "matrix"}
 
@@ -155,8 +157,8 @@ class _Parser:
                 raise MathParseError(f"more than {MAX_ITEMS} sides in one relation")
         if not ops:
             return sides[0]
-        if "=" in ops and len(ops) > 1:
-            raise MathParseError("'=' in a chain of relations")
+        if ("=" in ops or "!=" in ops) and len(ops) > 1:
+            raise MathParseError("'=' or '\\neq' in a chain of relations")
         if any(o in ("<", "<=") for o in ops) and any(o in (">", ">=") for o in ops):
             raise MathParseError("a chain of relations that changes direction")
         return Relation(tuple(entry(s) for s in sides), tuple(ops))
@@ -302,9 +304,12 @@ class _Parser:
         if tok.kind == "op":
             if tok.text in "([":
                 return self.bracketed(tok.text)
-            if tok.text == "{":
-                self.i -= 1
-                return self.group()
+            if tok.text == "{":  # `{1, 3}` renders as the list 1, 3: a set of answers
+                self.enter()
+                items = self.items(self.expr)
+                self.expect("}")
+                self.depth -= 1
+                return items[0] if len(items) == 1 else unordered(items)
             raise MathParseError(f"unexpected {tok.text!r}")
         if tok.kind == "word":
             return self._word(tok.text)
@@ -399,6 +404,8 @@ class _Parser:
                 return sympy.pi
             if cmd == "\\infty":
                 return sympy.oo
+            if cmd in ("\\emptyset", "\\varnothing"):
+                return Unordered(())
             if cmd == "\\{":
                 items = self.items(self.expr)
                 self.expect("\\}")

@@ -1,13 +1,17 @@
-"""The strict math verifier: exactly one `\\boxed{}`, compared with the ground truth by value.
+"""The math verifier: the answer where the location says, compared with the ground truth by value.
 
 Seed Part 2: a verifier that accepts any of several boxes, finds "1/3" in "1/3 or 1/2", or
 defaults to "correct" when its parser crashes is a loophole that GRPO will find. Here:
-- exactly one `\\boxed` in the completion, closed, non-empty, at most MAX_INPUT_CHARS long;
+- where the answer is (`location`): "boxed" (the training default) is exactly one `\\boxed` in the
+  completion, closed, non-empty, at most MAX_INPUT_CHARS long; "lenient" (evaluation's default)
+  also reads the last box, the Minerva phrase, "the answer is ..." and the final sentence's maths
+  (`math_locate`), where a hedge still finds nothing;
 - the answer text is normalised (documented in `normalize_answer`) and then compared:
   a fast path for plain integers, decimals and fractions (exact `fractions.Fraction`, no sympy),
-  else the bounded grammar of `math_parse` and the comparisons of `math_answers`, whose table says
-  what each kind of answer means (intervals, sets, `\\pm`, matrices, base numerals, equations,
-  inequalities, words);
+  else `math_read` (labels, chains of equal sides, joined lists, `\\approx`), the bounded grammar
+  of `math_parse` and the comparisons of `math_answers`, whose table says what each kind of answer
+  means (intervals, sets, `\\pm`, matrices, base numerals, equations, inequalities, words);
+- a decimal approximation of an exact constant counts only within `approx_rtol` (default 0: never);
 - anything unparseable, any exception, any timeout scores 0.0. Nothing reaches eval/sympify.
 
 Measured on MATH-500 (`grpo_jax/assets/data/math500_test.jsonl`, tests/test_rewards_math.py): every
@@ -17,19 +21,59 @@ gold answer, and the last box of every gold solution, scores 1.0 against the gol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fractions
 import functools
+import math
 import re
 import signal
 import threading
 from collections.abc import Sequence
 
-import sympy
-
-from grpo_jax.rewards.math_answers import Relation, Text, Unordered, answer_values_equal
-from grpo_jax.rewards.math_parse import MAX_INPUT_CHARS, MathParseError, parse_math
+from grpo_jax.rewards.math_locate import lenient_answer
+from grpo_jax.rewards.math_normalize import normalize_answer
+from grpo_jax.rewards.math_parse import MAX_INPUT_CHARS, MathParseError
+from grpo_jax.rewards.math_read import fractions_approximate, read_answer, readings_equal
 
 DEFAULT_TIMEOUT_S = 1.0  # wall clock per answer for the sympy path when run inline (main thread)
+LOCATIONS = ("boxed", "lenient")
+NUMBER_FORMATS = ("en", "comma")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    """How the verifier reads a completion and compares its answer.
+
+    location: "boxed" (exactly one `\\boxed{}`; the training default, which the hedging defences
+      rely on) or "lenient" (`math_locate`: the last box, the Minerva phrase, "the answer is",
+      the final sentence's maths).
+    approx_rtol: a decimal (`3.14`, `x \\approx 0.333`) equals an exact constant (`\\pi`, `1/3`)
+      within this relative error; 0 (default): only exact values, as MATH's "express exactly" asks.
+      An exact constant that can be written with as many decimals (`0.5`, `100`) never matches
+      an approximation. Below 1.
+    number_format: "en" (`1,000` and `1 000` group thousands, `.` is the decimal point, `1,2` is
+      the list 1, 2) or "comma" (`1,5` is 1.5, `1.000` and `1 000` group thousands, `;`
+      separates list entries: `(1; 2)`).
+    """
+
+    location: str = "boxed"
+    approx_rtol: float = 0.0
+    number_format: str = "en"
+
+    def __post_init__(self):
+        if self.location not in LOCATIONS:
+            raise ValueError(f"location={self.location!r}; choose one of {list(LOCATIONS)}")
+        if self.number_format not in NUMBER_FORMATS:
+            raise ValueError(f"number_format={self.number_format!r}; choose one of {list(NUMBER_FORMATS)}")
+        rtol = self.approx_rtol
+        if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not (math.isfinite(rtol) and 0 <= rtol < 1):
+            raise ValueError(f"approx_rtol={rtol!r}: give a relative tolerance in [0, 1), e.g. 1e-4 (0: exact only)")
+
+
+@functools.lru_cache(maxsize=64)
+def verify_options(location: str = "boxed", approx_rtol: float = 0.0, number_format: str = "en") -> VerifyOptions:
+    """A validated, shared `VerifyOptions` (validation runs once per distinct setting)."""
+    return VerifyOptions(location, approx_rtol, number_format)
 
 # ------------------------------------------------------------------------------------------------
 # Extraction
@@ -70,84 +114,6 @@ def extract_boxed(completion: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Normalisation
-
-_UNIT_WORDS = (
-    "cm|mm|km|m|kg|g|mg|s|sec|seconds|minutes|min|hours|hrs|h|days|weeks|years|"
-    "dollars|cents|units|degrees|inches|inch|feet|foot|ft|meters|metres|miles|mph|"
-    "liters|litres|ml|l|pounds|lbs|ounces|oz|square|sq|cubic|percent"
-)
-_TEXT_CMDS = r"\\(?:text|textbf|textit|textrm|mbox|mathrm|mathbf|boldsymbol)"
-# A whole answer in words: `\text{Evelyn}`, `\textbf{(C)}`. It is the answer, never a unit to drop.
-_WHOLE_TEXT_RE = re.compile(rf"{_TEXT_CMDS}\{{([^{{}}\\]*)\}}")
-# A trailing unit: `\text{ cm}`, `\mbox{dollars}`, `\mathrm{kg}^2`, or bare `cm^2` after a number.
-_TRAILING_TEXT_RE = re.compile(rf"(?<=\S)\s*{_TEXT_CMDS}\{{\s*([A-Za-z][A-Za-z .]*)\}}(?:\^\{{?[23]\}}?)?\s*$")
-_TRAILING_UNIT_RE = re.compile(rf"(?<=[\d}}\s])\s*(?:{_UNIT_WORDS})(?:\^\{{?[23]\}}?)?\s*$", re.ASCII)
-_WRAPPER_RE = re.compile(rf"{_TEXT_CMDS}\{{([^{{}}]*)\}}")
-# Words that make a trailing `\text{...}` a hedge or a sentence, not a unit: `3 \text{ or four}`.
-_NOT_UNITS = frozenset(["or", "and", "nor", "not", "either", "neither", "but", "plus", "minus", "times", "over", "than", "maybe"])
-_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?", re.ASCII)
-_DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"))
-_REMOVE = (
-    "\\left", "\\right", "\\displaystyle", "~", "\\$", "$", "^\\circ", "^{\\circ}", "\\circ", "\\%", "%",
-    "\u00b0",
-)
-# LaTeX spacing (`\,` `\!` `\;` `\:` `\ ` `\quad`), read left to right so a matrix row break `\\`
-# followed by a space is kept.
-_SPACING_RE = re.compile(r"\\\\|\\[ ,;:!]|\\q?quad(?![A-Za-z])")
-# `1{,}000`, `10,\!080`, `1\,000`: commas of a number written in LaTeX (`\,` only before 3 digits).
-_GROUP_SEPARATOR_RE = re.compile(r"\{,\}|,\\!\s*|(?<=\d)\\,(?=\d{3}(?!\d))", re.ASCII)
-
-
-def _spacing(m: re.Match) -> str:
-    """A row break stays; a negative space `\\!` vanishes; a positive one becomes a space."""
-    return {"\\\\": "\\\\", "\\!": ""}.get(m.group(0), " ")
-
-
-def _drop_unit(m: re.Match) -> str:
-    return m.group(0) if _NOT_UNITS & set(m.group(1).lower().split()) else ""
-
-
-@functools.lru_cache(maxsize=4096)  # pure; a group's G completions share one reference answer
-def normalize_answer(text: str) -> str:
-    """Documented normalisation applied to both the prediction and the ground truth.
-
-    - `\\dfrac`/`\\tfrac` -> `\\frac`; the Unicode minus U+2212 -> `-`; every other non-ASCII
-      character is kept, and the parser then rejects it (look-alike digits and letters score 0);
-    - dropped first, so that `$5 \\text{ cm}$` and `5 \\text{ cm}` read alike: `$`, `\\$`, `\\(...\\)`
-      and `\\[...\\]` around the whole answer, `\\left`/`\\right`, LaTeX spacing (`\\,` `\\!` `\\;` `~`
-      `\\quad`), the degree sign (`^\\circ`, `°`), the percent sign (`50\\%` equals `50`, not `0.5`);
-      then a trailing full stop;
-    - a whole answer in `\\text{...}` (or `\\textbf`, `\\mbox`, `\\mathrm`, ...) is unwrapped and kept:
-      `\\text{Evelyn}` is the word answer `Evelyn` (compared as words by the verifier);
-    - one trailing unit after a value is dropped (`\\text{ cm}`, `\\mbox{ inches}^2`, `cm^2`, ...),
-      unless its words hedge (`3 \\text{ or four}` keeps its words, and the parser rejects them);
-    - `\\text{...}` and `\\mathrm{...}` around anything else are unwrapped, so words inside them
-      ("1/3 or 1/2") reach the parser and are rejected there;
-    - thousands separators: `1,000`, `1{,}000` and `10,\\!080` are one number only when the whole
-      answer is one number in that form (otherwise a comma separates the entries of a list).
-    """
-    s = text.strip()
-    s = s.replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = _GROUP_SEPARATOR_RE.sub(",", s)
-    for opening, closing in _DELIMITERS:
-        if s.startswith(opening) and s.endswith(closing):
-            s = s[len(opening):-len(closing)]
-    s = _SPACING_RE.sub(_spacing, s)
-    for token in _REMOVE:
-        s = s.replace(token, "")
-    s = s.strip().rstrip(".").strip()
-    if m := _WHOLE_TEXT_RE.fullmatch(s):
-        return m.group(1).strip()
-    s = _TRAILING_TEXT_RE.sub(_drop_unit, s).strip()
-    s = _TRAILING_UNIT_RE.sub("", s).strip()
-    s = _WRAPPER_RE.sub(r"\1", s).strip()
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    return s
-
-
-# ------------------------------------------------------------------------------------------------
 # Fast path: plain numbers, exact, no sympy
 
 _INT_RE = re.compile(r"[+-]?\d+", re.ASCII)
@@ -181,18 +147,42 @@ def fast_number(s: str) -> fractions.Fraction | None:
     return -value if sign == "-" else value
 
 
-def fast_math_reward(completion: str, answer: str) -> float | None:
-    """1.0/0.0 when both sides are plain numbers (microseconds), None when the slow path is needed."""
-    boxed = extract_boxed(completion)
-    if boxed is None:
-        return 0.0
-    pred = fast_number(normalize_answer(boxed))
+def _located(completion: str, location: str) -> str | None:
+    return extract_boxed(completion) if location == "boxed" else lenient_answer(completion)
+
+
+def _fast_answers(found: str, answer: str, options: VerifyOptions) -> float | None:
+    """1.0/0.0 when the found answer and the reference are plain numbers, else None."""
+    pred_s = normalize_answer(found, options.number_format)
+    pred = fast_number(pred_s)
     if pred is None:
         return None
-    truth = fast_number(normalize_answer(answer))
+    truth_s = normalize_answer(answer, options.number_format)
+    truth = fast_number(truth_s)
     if truth is None:
         return None
-    return 1.0 if pred == truth else 0.0
+    return 1.0 if _numbers_equal(pred_s, pred, truth_s, truth, options.approx_rtol) else 0.0
+
+
+def _numbers_equal(pred_s: str, pred, truth_s: str, truth, rtol: float) -> bool:
+    """Plain numbers: exactly equal, or one a decimal approximating the other within `rtol`."""
+    if pred == truth:
+        return True
+    if rtol <= 0 or (_DEC_RE.fullmatch(pred_s) is None) == (_DEC_RE.fullmatch(truth_s) is None):
+        return False  # exact only, or both (or neither) decimals: no approximation to accept
+    if _DEC_RE.fullmatch(pred_s):
+        return fractions_approximate(pred_s, pred, truth, rtol)
+    return fractions_approximate(truth_s, truth, pred, rtol)
+
+
+def fast_math_reward(completion: str, answer: str, *, location: str = "boxed", approx_rtol: float = 0.0,
+                     number_format: str = "en") -> float | None:
+    """1.0/0.0 when both sides are plain numbers (microseconds), None when the slow path is needed."""
+    options = verify_options(location, approx_rtol, number_format)
+    found = _located(completion, options.location)
+    if found is None:
+        return 0.0
+    return _fast_answers(found, answer, options)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,84 +217,48 @@ def _time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-# `x = 5`, `x \in [-2, 7]`: one letter, then the answer; the rest holds no other relation.
-_ASSIGN_RE = re.compile(r"([A-Za-z])\s*(?:=|\\in(?![A-Za-z]))(.*)", re.ASCII | re.DOTALL)
-_RELATION_RE = re.compile(r"[=<>]|\\(?:le|ge|lt|gt|in)(?![A-Za-z])|\\(?:leq|geq|leqslant|geqslant)", re.ASCII)
-_WORDS_RE = re.compile(r"[A-Za-z]+(?:[ '-]+[A-Za-z]+)*", re.ASCII)
+def answers_equal(pred_text: str, truth_text: str, *, approx_rtol: float = 0.0,
+                  number_format: str = "en") -> bool:
+    """True when two answer strings are equal by value (normalised, read, compared). May raise.
 
-
-def _split_assignment(s: str) -> tuple[str | None, str]:
-    """`x = 5` -> ("x", "5"), `x \\in (0, 1]` -> ("x", "(0, 1]"); anything else -> (None, s)."""
-    m = _ASSIGN_RE.fullmatch(s)
-    if m and not _RELATION_RE.search(m.group(2)):
-        return m.group(1), m.group(2).strip()
-    return None, s
-
-
-def _assigned(value) -> tuple[str | None, object]:
-    """`x = 1, x = -2` (a list of assignments to one letter) -> ("x", the list of values)."""
-    if isinstance(value, Unordered) and all(
-            isinstance(r, Relation) and r.ops == ("=",) and isinstance(r.sides[0], sympy.Symbol)
-            and r.sides[0] not in r.sides[1].free_symbols for r in value.items):
-        names = {r.sides[0].name for r in value.items}
-        if len(names) == 1:
-            return names.pop(), Unordered(tuple(r.sides[1] for r in value.items))
-    return None, value
-
-
-def parse_answer(s: str) -> tuple[str | None, object]:
-    """A normalised answer -> (the letter it assigns or None, its value: see `math_answers`).
-
-    Word answers (`Evelyn`, `even function`) that the grammar rejects become `Text`. May raise
-    MathParseError.
+    Reading (`math_read`): a label on one side only is ignored (`x = 5` equals `5`, `AB = 4, CD = 5`
+    equals `4, 5` in that order, `x \\in [-2, 7]` equals `[-2, 7]`); on both sides labels must agree.
+    Against an equation the assignment is that equation (`y = 2x+3` equals `2x - y + 3 = 0`); an
+    inequality in one letter equals its interval (`x \\le 3` equals `(-\\infty, 3]`). Words
+    (`\\text{Evelyn}`) equal only the same words. Approximations: see `VerifyOptions.approx_rtol`.
     """
-    var, rest = _split_assignment(s)
-    try:
-        value = parse_math(rest)
-    except MathParseError:
-        if var is None and _WORDS_RE.fullmatch(s):
-            return None, Text(" ".join(s.lower().replace("-", " ").split()))
-        raise
-    return (var, value) if var is not None else _assigned(value)
-
-
-def answers_equal(pred_text: str, truth_text: str) -> bool:
-    """True when two answer strings are equal by value (normalised, parsed, compared). May raise.
-
-    A letter assigned on one side only is ignored (`x = 5` equals `5`, `x \\in [-2, 7]` equals
-    `[-2, 7]`); on both sides it must be the same letter. Against an equation the assignment is that
-    equation (`y = 2x+3` equals `2x - y + 3 = 0`). Words (`\\text{Evelyn}`) equal only the same words.
-    """
-    pred_s, truth_s = normalize_answer(pred_text), normalize_answer(truth_text)
+    pred_s, truth_s = normalize_answer(pred_text, number_format), normalize_answer(truth_text, number_format)
     fp, ft = fast_number(pred_s), fast_number(truth_s)
     if fp is not None and ft is not None:
-        return fp == ft
-    truth_var, truth = parse_answer(truth_s)
-    pred_var, pred = parse_answer(pred_s)
-    if pred_var is not None and truth_var is not None and pred_var != truth_var:
-        return False
-    if isinstance(pred, Relation) and truth_var is not None and isinstance(truth, sympy.Basic):
-        truth = Relation((sympy.Symbol(truth_var), truth), ("=",))
-    if isinstance(truth, Relation) and pred_var is not None and isinstance(pred, sympy.Basic):
-        pred = Relation((sympy.Symbol(pred_var), pred), ("=",))
-    return answer_values_equal(pred, truth)
+        return _numbers_equal(pred_s, fp, truth_s, ft, approx_rtol)
+    return readings_equal(read_answer(pred_s), read_answer(truth_s), approx_rtol)
 
 
-def math_reward(completion: str, answer: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> float:
-    """1.0 when `completion` has exactly one `\\boxed{}` equal by value to `answer`, else 0.0.
+def math_reward(completion: str, answer: str, *, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+                location: str = "boxed", approx_rtol: float = 0.0, number_format: str = "en") -> float:
+    """1.0 when the answer at `location` in `completion` equals `answer` by value, else 0.0.
 
-    Never raises: unparseable text, exceptions inside sympy and the `timeout_s` wall-clock limit
-    (main thread only) all score 0.0.
+    location "boxed": exactly one `\\boxed{}` (training); "lenient": `math_locate`'s rules
+    (evaluation). `approx_rtol`, `number_format`: see `VerifyOptions` (bad options raise ValueError).
+    Never raises on model text: unparseable text, exceptions inside sympy and the `timeout_s`
+    wall-clock limit (main thread only) all score 0.0.
     """
+    return verify(completion, answer, verify_options(location, approx_rtol, number_format), timeout_s)
+
+
+def verify(completion: str, answer: str, options: VerifyOptions = VerifyOptions(),
+           timeout_s: float | None = DEFAULT_TIMEOUT_S) -> float:
+    """`math_reward` with its options as one `VerifyOptions` (what the pool's workers run)."""
     try:
-        fast = fast_math_reward(completion, answer)
+        found = _located(completion, options.location)
+        if found is None:
+            return 0.0
+        fast = _fast_answers(found, answer, options)
         if fast is not None:
             return fast
-        boxed = extract_boxed(completion)
-        if boxed is None:
-            return 0.0
         with _time_limit(timeout_s):
-            return 1.0 if answers_equal(boxed, answer) else 0.0
+            equal = answers_equal(found, answer, approx_rtol=options.approx_rtol, number_format=options.number_format)
+            return 1.0 if equal else 0.0
     except (_Timeout, MathParseError, RecursionError, MemoryError, ArithmeticError, TypeError, ValueError,
             AttributeError):
         return 0.0
@@ -318,30 +272,46 @@ def math_reward(completion: str, answer: str, *, timeout_s: float | None = DEFAU
 
 def math_accuracy_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],
                          pool=None, **_) -> list[float]:
-    """RewardFn: `math_reward` per completion; the sympy cases go to `pool` (a VerifierPool) if given.
+    """RewardFn: `math_reward` per completion (one box); the sympy cases go to `pool` (a VerifierPool).
 
     The fast path (plain numbers on both sides) runs inline: it costs microseconds, less than
     sending the item to a worker. Only the rest, which may be slow, goes to the pool, where a hung
-    or crashed check costs one 0.0.
+    or crashed check costs one 0.0. Other options: `math_accuracy_reward_fn`.
     """
+    return _accuracy(VerifyOptions(), prompts, completions, answer=answer, pool=pool)
+
+
+def math_accuracy_reward_fn(*, location: str = "boxed", approx_rtol: float = 0.0, number_format: str = "en"):
+    """`math_accuracy_reward` with these options bound (see `VerifyOptions`), e.g. the lenient one:
+
+        rewards.math_accuracy_reward_fn(location="lenient", approx_rtol=1e-4)
+
+    The options are bound positionally, so no example field of the batch can override them.
+    """
+    return functools.partial(_accuracy, verify_options(location, approx_rtol, number_format))
+
+
+def _accuracy(options: VerifyOptions, prompts: Sequence[str], completions: Sequence[str], /, *,
+              answer: Sequence[str], pool=None, **_) -> list[float]:
     if len(answer) != len(completions):
         raise ValueError(f"math_accuracy_reward: answer has {len(answer)} entries, completions {len(completions)}")
     scores: list[float | None] = []
     slow: list[int] = []
     for i, (c, a) in enumerate(zip(completions, answer)):
         try:
-            fast = fast_math_reward(c, str(a))
+            found = _located(c, options.location)
+            fast = 0.0 if found is None else _fast_answers(found, str(a), options)
         except Exception:  # noqa: BLE001 -- never raise on model text
             fast = 0.0
         scores.append(fast)
         if fast is None:
             slow.append(i)
     if slow:
-        items = [(completions[i], str(answer[i])) for i in slow]
+        items = [(completions[i], str(answer[i]), options) for i in slow]
         if pool is not None:
-            values = pool.map(math_reward, items)
+            values = pool.map(verify, items)
         else:
-            values = [math_reward(c, a) for c, a in items]
+            values = [verify(c, a, o) for c, a, o in items]
         for i, v in zip(slow, values):
             scores[i] = float(v)
     return [float(s) for s in scores]

@@ -16,10 +16,14 @@ Answer formats of the reference (`answer_format`):
   * "raw": the field itself (numbers become their JSON text).
   * "auto": "gsm8k" when the text holds "####", else "boxed" when it holds "\\boxed", else "raw".
 
-Where the model's answer is (`answer_location`: "boxed", "gsm8k" or "answer_tag", see
-`templates.py`): the prompt's instruction, the training accuracy reward, `eval_correct` and
-`extract_answer` all follow it; the answer is compared with the reference by value with
-`grpo_jax.rewards.math_reward`'s bounded grammar.
+Where the model's answer is (`answer_location`: "boxed", "gsm8k", "answer_tag" or "lenient", see
+`templates.py`): the prompt's instruction and the training accuracy reward follow it; `eval_correct`
+and `extract_answer` follow `eval_answer_location`, by default "lenient" when training reads
+"boxed" (the last box, "The final answer is ...", "the answer is ...", as lm-eval-harness and
+math-verify read answers) and `answer_location` otherwise. The answer is compared with the
+reference by value with `grpo_jax.rewards.math_reward`'s bounded grammar; `approx_rtol` and
+`number_format` are its options (`grpo_jax.rewards.VerifyOptions`), the same in training and
+evaluation.
 
 Split: with `eval_path` (a file, or a shipped set's name: "gsm8k", "math500") the held-out set is
 that file, and training drops any question that also appears there; otherwise a question is held
@@ -40,6 +44,7 @@ every resume with the same tokenizer and limit; or, with on_overlong="error", na
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -211,28 +216,24 @@ def _as_boxed(answer: str | None) -> str:
     return boxed if rewards.extract_boxed(boxed) == answer.strip() else ""
 
 
-def _located_accuracy(location: str, completions: Sequence[str], answer: Sequence[str], pool) -> list[float]:
+def _located_accuracy(location: str, options: rewards.VerifyOptions, prompts: Sequence[Any],
+                      completions: Sequence[str], /, *, answer: Sequence[str], pool=None, **_) -> list[float]:
+    """RewardFn body: the answer at a task location ("gsm8k", "answer_tag") boxed, then compared."""
     boxed = [_as_boxed(located_answer(c, location)) for c in completions]
-    return rewards.math_accuracy_reward([""] * len(boxed), boxed, answer=answer, pool=pool)
+    compare = rewards.math_accuracy_reward_fn(approx_rtol=options.approx_rtol, number_format=options.number_format)
+    return compare([""] * len(boxed), boxed, answer=answer, pool=pool)
 
 
 def gsm8k_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
                           pool=None, **_) -> list[float]:
     """RewardFn: 1.0 when the completion's one "#### N" equals the reference by value, else 0.0."""
-    return _located_accuracy("gsm8k", completions, answer, pool)
+    return _located_accuracy("gsm8k", rewards.VerifyOptions(), prompts, completions, answer=answer, pool=pool)
 
 
 def answer_tag_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
                                pool=None, **_) -> list[float]:
     """RewardFn: 1.0 when the one <answer> block (a box in it unwrapped) equals the reference by value."""
-    return _located_accuracy("answer_tag", completions, answer, pool)
-
-
-_ACCURACY_REWARDS = {
-    "boxed": rewards.math_accuracy_reward,
-    "gsm8k": gsm8k_accuracy_reward,
-    "answer_tag": answer_tag_accuracy_reward,
-}
+    return _located_accuracy("answer_tag", rewards.VerifyOptions(), prompts, completions, answer=answer, pool=pool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,10 +243,35 @@ class AnswerChecker:
 
     template: str = "plain"
     answer_location: str = "boxed"
+    eval_answer_location: str | None = None  # None: "lenient" when answer_location is "boxed", else the same
+    approx_rtol: float = 0.0
+    number_format: str = "en"
 
     def __post_init__(self):
         check_choice("template", self.template, TEMPLATES)
         check_choice("answer_location", self.answer_location, ANSWER_LOCATIONS)
+        if self.eval_answer_location is not None:
+            check_choice("eval_answer_location", self.eval_answer_location, ANSWER_LOCATIONS)
+        rewards.verify_options("boxed", self.approx_rtol, self.number_format)  # a bad option fails here, named
+
+    @property
+    def options(self) -> rewards.VerifyOptions:
+        return rewards.verify_options("boxed", self.approx_rtol, self.number_format)
+
+    @property
+    def eval_location(self) -> str:
+        """Where evaluation reads the answer: the strict box trains, the lenient reading evaluates."""
+        if self.eval_answer_location is not None:
+            return self.eval_answer_location
+        return "lenient" if self.answer_location == "boxed" else self.answer_location
+
+    def accuracy_reward(self) -> rewards.RewardFn:
+        """The training accuracy reward at `answer_location` (anywhere in the completion: with r1 the
+        layout is the format reward's job)."""
+        if self.answer_location in rewards.LOCATIONS:
+            return rewards.math_accuracy_reward_fn(location=self.answer_location, approx_rtol=self.approx_rtol,
+                                                   number_format=self.number_format)
+        return functools.partial(_located_accuracy, self.answer_location, self.options)
 
     def example(self, record: dict[str, Any]) -> dict:
         """A record of `read_examples` with its "prompt": the template applied to its question, or
@@ -259,25 +285,25 @@ class AnswerChecker:
         return {**record, "prompt": prompt}
 
     def extract_answer(self, completion: str) -> str | None:
-        """The answer at `answer_location` (inside the <answer> block for r1), canonical for majority
+        """The answer at `eval_location` (inside the <answer> block for r1), canonical for majority
         voting.
 
         Plain numbers become their exact fraction ("0.50", "\\frac{1}{2}", "1/2" -> "1/2"), so
         equal values vote together; other answers are the verifier's normalisation minus spaces.
         """
-        answer = located_answer(completion, self.answer_location, self.template, _MAX_TEXT)
+        answer = located_answer(completion, self.eval_location, self.template, _MAX_TEXT)
         if answer is None:
             return None
-        normal = rewards.normalize_answer(answer)
+        normal = rewards.normalize_answer(answer, self.number_format)
         value = fast_number(normal)
         return str(value) if value is not None else re.sub(r"\s+", "", normal) or None
 
     def eval_correct(self, completion: str, example: dict) -> bool:
-        """math_reward on the answer at `answer_location` (r1: it must sit inside the <answer> block)."""
-        answer = located_answer(completion, self.answer_location, self.template, _MAX_TEXT)
+        """math_reward on the answer at `eval_location` (r1: it must sit inside the <answer> block)."""
+        answer = located_answer(completion, self.eval_location, self.template, _MAX_TEXT)
         if answer is None:
             return False
-        return rewards.math_reward(_as_boxed(answer), example["answer"]) == 1.0
+        return rewards.verify(_as_boxed(answer), example["answer"], self.options) == 1.0
 
 
 @dataclasses.dataclass
@@ -294,6 +320,9 @@ class JsonlTask:
     answer_format: str = "auto"
     template: str = "plain"
     answer_location: str = "boxed"
+    eval_answer_location: str | None = None  # None: "lenient" when answer_location is "boxed", else the same
+    approx_rtol: float = 0.0  # a decimal equals an exact constant within this relative error (0: never)
+    number_format: str = "en"  # "comma": 1,5 is 1.5 and `;` separates entries (rewards.VerifyOptions)
     seed: int = 0
     eval_path: str | None = None
     eval_question_field: str | None = None
@@ -316,7 +345,8 @@ class JsonlTask:
         check_choice("answer_format", self.answer_format, ANSWER_FORMATS)
         if self.eval_answer_format is not None:
             check_choice("eval_answer_format", self.eval_answer_format, ANSWER_FORMATS)
-        self._checker = AnswerChecker(self.template, self.answer_location)
+        self._checker = AnswerChecker(self.template, self.answer_location, self.eval_answer_location,
+                                      self.approx_rtol, self.number_format)
         for field in ("question_field", "answer_field", "messages_field"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 raise ValueError(f"{field}={getattr(self, field)!r}: give a field name")
@@ -442,7 +472,7 @@ class JsonlTask:
 
     def reward_fns(self) -> list[RewardSpec]:
         """plain / none: accuracy at `answer_location`; r1: accuracy + format_weight * format reward."""
-        accuracy = RewardSpec("math", _ACCURACY_REWARDS[self.answer_location], 1.0)
+        accuracy = RewardSpec("math", self._checker.accuracy_reward(), 1.0)
         if self.template != "r1":
             return [accuracy]
         return [accuracy, RewardSpec("format", rewards.format_reward_fn, float(self.format_weight))]

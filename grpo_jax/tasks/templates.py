@@ -35,6 +35,12 @@ Answer locations, the completion side (the reference side is `answer_format` in 
     (wrong), junk after the number on its line is wrong, and the value is compared ("18.0" = 18).
   * "answer_tag": the content of the one `<answer>...</answer>` block; a single `\\boxed{}` in it
     is unwrapped (R1 models often write both).
+  * "lenient": where models put answers, as lm-eval-harness and math-verify read them
+    (`grpo_jax.rewards.math_locate`): the Minerva phrase ("The final answer is X. I hope it is
+    correct."), else the last `\\boxed{}` (boxes in a row: one list), else "the answer is X", else
+    the last displayed maths of the final sentence. A hedge ("X or maybe Y") reads as no answer.
+    The prompt asks for a box, as "boxed" does. Evaluation uses it by default when training uses
+    "boxed" (`eval_answer_location` in `jsonl.py`); the training reward stays strict.
 
 With the r1 template, evaluation (`located_answer(..., template="r1")`) looks for the answer only
 inside the `<answer>` block (a box in the reasoning does not count); training rewards read it
@@ -46,12 +52,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpo_jax.rewards import extract_boxed
+from grpo_jax.rewards import extract_boxed, lenient_answer
 
 from .base import check_choice
 
 TEMPLATES = ("plain", "r1", "none")
-ANSWER_LOCATIONS = ("boxed", "gsm8k", "answer_tag")
+ANSWER_LOCATIONS = ("boxed", "gsm8k", "answer_tag", "lenient")
 ROLES = ("system", "user", "assistant")
 
 # Where the answer goes, appended to the question; tasks whose answer is not a math value (Countdown)
@@ -145,7 +151,7 @@ def location_instruction(answer_location: str, template: str) -> str:
     already says it: r1's system text asks for the <answer> block)."""
     check_choice("answer_location", answer_location, ANSWER_LOCATIONS)
     match answer_location:
-        case "boxed":
+        case "boxed" | "lenient":
             return BOXED_INSTRUCTION
         case "gsm8k":
             return GSM8K_INSTRUCTION
@@ -203,4 +209,6 @@ def located_answer(completion: str, answer_location: str, template: str = "plain
             if "\\boxed" in region or "\\fbox" in region:
                 return extract_boxed(region)
             return region or None
+        case "lenient":
+            return lenient_answer(region)
     raise ValueError(f"answer_location={answer_location!r}; choose one of {list(ANSWER_LOCATIONS)}")
