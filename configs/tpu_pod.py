@@ -1,8 +1,8 @@
 """python -m grpo_jax train --config configs/tpu_pod.py --set model.hf_path=/mnt/models/Qwen2.5-7B-Instruct --set task.options.path=/mnt/data/gsm8k_train.jsonl
 
-GRPO on a TPU pod slice of 16 chips (a v5p-32; `check` puts its update at 57 GiB per chip, more than
-a v5e-16's 16 GiB; with `--set model.lora_r=16 --set model.lora_base_dtype=bfloat16` the weights'
-state falls from 7.1 to 1.0 GiB per chip, the update to 47 GiB): a 7B-class Hugging Face
+GRPO on a TPU pod slice of 16 chips (a v5p-32; `check` puts its update at 26.9 GiB per chip, more
+than a v5e-16's 16 GiB; with `--set model.lora_r=16 --set model.lora_base_dtype=bfloat16` the weights'
+state falls from 7.1 to 1.0 GiB per chip, the update to 20.4 GiB): a 7B-class Hugging Face
 checkpoint, GSM8K-style JSONL data.
 Run the same command on every worker of the slice (launch/tpu_pod.sh does that through gcloud); JAX's
 multi-controller runtime joins them. Paths must be readable on every worker. Before renting the slice, `python -m grpo_jax check --config

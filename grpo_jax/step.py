@@ -412,7 +412,12 @@ def prompt_groups(g_cfg: config_lib.GRPOSection, rows_per_micro: int, row_multip
 
     # Minibatches draw rows in a random order (as TRL), which breaks groups up.
     update_group = whole(rows_per_micro, in_order=g_cfg.num_minibatches == 1)
-    logprob_group = whole(g_cfg.prompts_per_step * G)
+    # The log-prob passes run in chunks of a micro-batch's rows (`logprob_row_chunks`), but a chunk
+    # of shared prompts holds whole groups. Where a micro-batch is smaller than one group (long
+    # answers, one or two rows per micro-batch) sharing would make each chunk G / rows_per_micro
+    # times the update's rows: at 8k tokens that pass, not the update, set the step's peak. Each
+    # row then runs its own prompt (P / (P + C) more compute, ~6% at P = 512, C = 8k).
+    logprob_group = whole(g_cfg.prompts_per_step * G) if rows_per_micro >= G else 1
     if update_group == 1:
         log.info(
             "update: each completion runs its own copy of the prompt (grpo.num_minibatches > 1, "
