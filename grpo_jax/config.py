@@ -83,6 +83,11 @@ class TaskSection:
     # A data file's example whose prompt is longer than the sampler's largest prompt bucket: "skip"
     # (checked once at start-up, counted in a warning) or "error" (naming file and line).
     overlong_prompts: Literal["skip", "error"] = "skip"
+    # Your own reward functions, in place of the task's: import paths "package.module:function"
+    # (TRL's reward_funcs), each called as TRL calls it; reward_weights: one per function (TRL's
+    # name; empty: 1.0 each). See grpo_jax.tasks.user_rewards.
+    reward_funcs: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

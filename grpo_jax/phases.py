@@ -114,7 +114,8 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         # A reward function's error (or timeout) on one process stops every process here.
         ro = processes.agreed(lambda: rollout_lib.score_rollout(
             pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
-            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop),
+            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop,
+            max_steps=ctx.config.train.steps),
             f"scoring step {step}'s rewards")
         rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
         rounds.append((ro, {

@@ -82,8 +82,10 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(section.field, saved value, new value) for every field that differs, in config order;
     task options as "task.options.<name>"."""
     diffs = []
+    defaults = config_lib.to_dict(config_lib.Config())
     for section in new:
-        old_sec, new_sec = saved.get(section, {}), new[section]
+        # A field the saved config lacks was added later: that run ran with its default.
+        old_sec, new_sec = {**defaults.get(section, {}), **saved.get(section, {})}, new[section]
         for field in new_sec:
             if section == "task" and field == "options":
                 old_opts, new_opts = old_sec.get("options", {}), new_sec["options"]
@@ -94,6 +96,8 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
             old, value = old_sec.get(field), new_sec[field]
             if isinstance(value, tuple):
                 value = list(value)
+            if isinstance(old, tuple):
+                old = list(old)
             if old != value:
                 diffs.append((f"{section}.{field}", old, value))
     return diffs

@@ -1,0 +1,99 @@
+"""How a reward function is called: TRL's keyword convention, for built-in and user functions alike.
+
+Every reward function is called with keyword arguments only, as TRL's GRPOTrainer calls them:
+
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., <data set columns>...,
+       truncated=..., completion_lengths=..., step=..., pool=...)
+
+so TRL's usual `def f(completions, **kwargs)` runs unchanged, and so does grpo_jax's older
+`def f(prompts, completions, **fields)`. A function without `**kwargs` gets only the names it
+declares (`def f(completions, answer)` works); one that needs a name the trainer does not have gets
+an error naming the function, the missing name and the names on offer.
+
+Completions follow TRL: plain strings when the prompts are text; when a prompt is a list of
+messages, its completions are `[{"role": "assistant", "content": text}]` (TRL's conversational
+form). Built-in functions (defined in grpo_jax) always get strings: they read text only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """The part of TRL's `trainer_state` argument that applies here: the optimizer steps done so far
+    (`global_step`, the step the completions were sampled for) and the run's length (`max_steps`,
+    None where the caller does not know it)."""
+
+    global_step: int
+    max_steps: int | None = None
+
+
+def is_conversational(prompt: Any) -> bool:
+    """True for a prompt given as messages ([{"role", "content"}, ...]), TRL's conversational form."""
+    return isinstance(prompt, (list, tuple))
+
+
+def trl_completions(prompts: Sequence[Any], completions: Sequence[str]) -> list:
+    """Completions as TRL hands them to a reward function: each a one-message list
+    `[{"role": "assistant", "content": text}]` where its prompt is messages, the text otherwise."""
+    return [[{"role": "assistant", "content": c}] if is_conversational(p) else c
+            for p, c in zip(prompts, completions)]
+
+
+def _parameters(fn: Callable) -> tuple[set[str], bool] | None:
+    """(names fn takes by keyword, whether it takes **kwargs); None when Python cannot tell (a C
+    function): such a function is called with every keyword."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    named = {p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    return named, var_kw
+
+
+def accepted_kwargs(name: str, fn: Callable, offered: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments to call `fn` with: all of `offered` when fn takes **kwargs, else only
+    the names it declares. Raises ValueError naming the function when its signature cannot take the
+    call (a required parameter the trainer does not offer, a positional-only one)."""
+    params = _parameters(fn)
+    if params is None:
+        return dict(offered)
+    named, var_kw = params
+    kwargs = dict(offered) if var_kw else {k: v for k, v in offered.items() if k in named}
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(
+            f"reward function {name!r} cannot take the call: {e}. Reward functions are called with keyword "
+            f"arguments only, here {sorted(offered)} (TRL's convention; write e.g. "
+            "`def my_reward(completions, answer, **kwargs) -> list[float | None]`)") from e
+    return kwargs
+
+
+def call_reward(name: str, fn: Callable, offered: Mapping[str, Any]):
+    """fn(**accepted_kwargs(...)): a wrapper's way to call the function it wraps."""
+    return fn(**accepted_kwargs(name, fn, offered))
+
+
+def unwrapped(fn: Callable) -> Callable:
+    """fn after unwrapping `__wrapped__` and functools.partial (a chain, not a cycle: 16 at most)."""
+    for _ in range(16):
+        inner = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return fn
+
+
+def is_builtin(fn: Callable) -> bool:
+    """True for a reward function defined in grpo_jax, after unwrapping."""
+    module = getattr(unwrapped(fn), "__module__", None) or ""
+    return module == "grpo_jax" or module.startswith("grpo_jax.")
