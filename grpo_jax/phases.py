@@ -24,6 +24,7 @@ import numpy as np
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import length_buckets
+from grpo_jax import metric_rules
 from grpo_jax import rollout as rollout_lib
 from grpo_jax import step as step_lib
 from grpo_jax.run_context import RunContext, RunState
@@ -47,6 +48,8 @@ class StepBatch:
     device_start: float  # when the devices started this step's rollout
     reward_seconds: float
     finished_at: float  # when the batch was complete on the host
+    # [B] bool: a reward function scored it above 0, and the truncation rule ("at_most_zero") made it 0.
+    zeroed_by_truncation: np.ndarray | None = None
 
 
 def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np.ndarray:
@@ -120,6 +123,7 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
         rounds.append((ro, {
             "rewards": processes.gather(rewards),
+            "zeroed": processes.gather(ro.truncated & (ro.rewards > 0) & (rewards == 0)),
             "parts": {name: processes.gather(v) for name, v in ro.reward_parts.items()},
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
@@ -179,6 +183,7 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         device_start=device_start,
         reward_seconds=sum(ro.reward_seconds for ro, _ in rounds),
         finished_at=time.perf_counter(),
+        zeroed_by_truncation=pick("zeroed"),
     )
     return batch, data_position
 
@@ -330,6 +335,9 @@ def report(
         "completions/min_length": float(batch.lengths.min()),
         "completions/max_length": float(batch.lengths.max()),
         "completions/clipped_ratio": float(batch.truncated.mean()),
+        # The share of completions whose positive reward grpo.truncated_reward="at_most_zero" took away.
+        "completions/truncated_reward_zeroed": (float(batch.zeroed_by_truncation.mean())
+                                                if batch.zeroed_by_truncation is not None else 0.0),
         "advantages/mean": float(advantages.mean()),
         "advantages/std": float(advantages.std()),
         "advantages/max": float(advantages.max()),
@@ -353,4 +361,5 @@ def report(
     for name, values in batch.reward_parts.items():
         metrics[f"rewards/{name}/mean"] = _nan_mean(values)
         metrics[f"rewards/{name}/std"] = _nan_std(values)
-    return metrics
+    # No per-token metric for a step that trained on no token; no mean outside its bounds.
+    return metric_rules.means_within_bounds(metric_rules.without_masked_step_metrics(metrics, update_metrics))

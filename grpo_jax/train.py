@@ -36,6 +36,7 @@ from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.rewards import RewardInterrupted
+from grpo_jax.signal_watch import SignalWatch
 from grpo_jax.run_context import RunContext, RunState
 from grpo_jax.timing import ReadyTimes
 
@@ -242,6 +243,7 @@ def run(
             if ctx.processes.is_primary:
                 run_dir_lib.write_config(config, ctx.run_dir)
             state, stopped_by = loop.train(state, stop)
+            loop.watch.close()
     except Exception:
         loop.save_on_error()
         raise
@@ -264,6 +266,7 @@ class _Loop:
     def __init__(self, ctx: RunContext, ckpt: CheckpointManager, writer: MetricsWriter):
         self.ctx, self.ckpt, self.writer = ctx, ckpt, writer
         self.diagnostics = Diagnostics()
+        self.watch = SignalWatch(ctx.config, ctx.updates_per_step)  # settings that eat the signal, warned once
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self.nonfinite_streak = 0
@@ -298,6 +301,7 @@ class _Loop:
     def write(self, row: dict) -> None:
         t_cfg = self.ctx.config.train
         self.diagnostics.update(row["step"], row)  # logs each warning itself
+        self.watch.update(row["step"], row)
         if row["step"] % t_cfg.log_every == 0 or "eval/pass@1" in row or row["step"] == t_cfg.steps:
             self.writer.write(row["step"], row)
         self.history.append(row)
