@@ -141,7 +141,7 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
     from grpo_jax import config as config_lib
     from grpo_jax import run_context
     from grpo_jax.tasks import EVAL_SETS, Fields, read_examples
-    from grpo_jax.tasks.jsonl import AnswerChecker, eval_data
+    from grpo_jax.tasks.jsonl import eval_data
 
     opts = dict(config.task.options) if config.task.name == "jsonl" else {}
     if args.data is None:
@@ -152,14 +152,7 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
         if not examples:
             raise config_lib.ConfigError(f"task {config.task.name!r} has no held-out examples; give --data")
         return "heldout", None, task, examples[: args.limit]
-    try:
-        checker = AnswerChecker(template=opts.get("template", "plain"),
-                                answer_location=opts.get("answer_location", "boxed"),
-                                eval_answer_location=opts.get("eval_answer_location"),
-                                approx_rtol=opts.get("approx_rtol", 0.0),
-                                number_format=opts.get("number_format", "en"))
-    except ValueError as e:
-        raise config_lib.ConfigError(f"task.options: {e}") from None
+    checker = run_checker(config)
     fields = Fields(question=opts.get("eval_question_field") or opts.get("question_field", "question"),
                     answer=opts.get("eval_answer_field") or opts.get("answer_field", "answer"),
                     messages=opts.get("messages_field", "prompt"),
@@ -171,6 +164,34 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
         raise config_lib.ConfigError(f"--data {args.data}: {e}") from None
     name = args.data if args.data in EVAL_SETS else pathlib.Path(path).stem
     return name, path, checker, [checker.example(r) for _, r in rows[: args.limit]]
+
+
+def run_checker(config):
+    """The run's prompt format and answer checks (`AnswerChecker`), so `--data` questions are asked
+    as training asked its own: as messages when the run's jsonl task wraps text questions for the
+    chat template (`chat`, and with `chat` unset, when its training rows are messages)."""
+    from grpo_jax import config as config_lib
+    from grpo_jax import run_context
+    from grpo_jax.tasks.jsonl import AnswerChecker
+
+    opts = dict(config.task.options) if config.task.name == "jsonl" else {}
+    chat = opts.get("chat")
+    if config.task.name == "jsonl" and chat is None:
+        try:
+            return run_context.configured_task(config).checker  # auto: reads the training rows
+        except config_lib.ConfigError as e:
+            log.warning("cannot read the run's training data to learn its prompt format (%s); asking the "
+                        "questions as text (set task.options.chat to say which)", e)
+            chat = False
+    try:
+        return AnswerChecker(template=opts.get("template", "plain"),
+                             answer_location=opts.get("answer_location", "boxed"),
+                             eval_answer_location=opts.get("eval_answer_location"),
+                             approx_rtol=opts.get("approx_rtol", 0.0),
+                             number_format=opts.get("number_format", "en"),
+                             chat=False if chat is None else chat, system_prompt=opts.get("system_prompt"))
+    except ValueError as e:
+        raise config_lib.ConfigError(f"task.options: {e}") from None
 
 
 def check_prompts(tokenizer, examples: list[dict], name: str) -> None:

@@ -118,3 +118,12 @@ def test_trainer_state_pickles_for_worker_processes():
     import pickle
 
     assert pickle.loads(pickle.dumps(TrainerState(3, 10))) == TrainerState(global_step=3, max_steps=10)
+
+
+def test_positional_only_parameters_are_passed_by_position():
+    # Built-in rewards such as the jsonl task's located accuracy are `f(prompts, completions, /, *, answer)`.
+    def located(prompts, completions, /, *, answer, **_):
+        return [1.0 if c == a else 0.0 for c, a in zip(completions, answer)]
+
+    _, parts = compute_rewards([WeightedReward("located", located)], ["q", "q"], ["4", "5"], {"answer": ["4", "4"]})
+    np.testing.assert_array_equal(parts["located"], [1.0, 0.0])

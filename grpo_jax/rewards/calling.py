@@ -46,41 +46,36 @@ def trl_completions(prompts: Sequence[Any], completions: Sequence[str]) -> list:
             for p, c in zip(prompts, completions)]
 
 
-def _parameters(fn: Callable) -> tuple[set[str], bool] | None:
-    """(names fn takes by keyword, whether it takes **kwargs); None when Python cannot tell (a C
-    function): such a function is called with every keyword."""
+def call_arguments(name: str, fn: Callable, offered: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """(args, kwargs) to call `fn` with: every offered name it takes, by keyword (all of them when it
+    takes **kwargs); a positional-only parameter (`def f(prompts, completions, /)`) by position.
+    Raises ValueError naming the function when its signature cannot take the call (a required
+    parameter the trainer does not offer). A function Python cannot inspect gets every keyword."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return None
-    named = {p.name for p in sig.parameters.values()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    return named, var_kw
-
-
-def accepted_kwargs(name: str, fn: Callable, offered: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments to call `fn` with: all of `offered` when fn takes **kwargs, else only
-    the names it declares. Raises ValueError naming the function when its signature cannot take the
-    call (a required parameter the trainer does not offer, a positional-only one)."""
-    params = _parameters(fn)
-    if params is None:
-        return dict(offered)
-    named, var_kw = params
-    kwargs = dict(offered) if var_kw else {k: v for k, v in offered.items() if k in named}
+        return (), dict(offered)
+    params = list(sig.parameters.values())
+    positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    args = tuple(offered[n] for n in positional_only if n in offered)
+    kwargs = {k: v for k, v in offered.items()
+              if k not in positional_only and (var_kw or k in named)}
     try:
-        inspect.signature(fn).bind(**kwargs)
+        sig.bind(*args, **kwargs)
     except TypeError as e:
         raise ValueError(
             f"reward function {name!r} cannot take the call: {e}. Reward functions are called with keyword "
             f"arguments only, here {sorted(offered)} (TRL's convention; write e.g. "
             "`def my_reward(completions, answer, **kwargs) -> list[float | None]`)") from e
-    return kwargs
+    return args, kwargs
 
 
 def call_reward(name: str, fn: Callable, offered: Mapping[str, Any]):
-    """fn(**accepted_kwargs(...)): a wrapper's way to call the function it wraps."""
-    return fn(**accepted_kwargs(name, fn, offered))
+    """fn called as `call_arguments` says: a wrapper's way to call the function it wraps."""
+    args, kwargs = call_arguments(name, fn, offered)
+    return fn(*args, **kwargs)
 
 
 def unwrapped(fn: Callable) -> Callable:

@@ -96,16 +96,16 @@ def compute_rewards(reward_fns: Sequence[WeightedReward], prompts: list[str], co
         offered = {"prompts": prompts,
                    "completions": completions if builtin else calling.trl_completions(prompts, completions),
                    **fields, "pool": pool if not isolate else None}
-        kwargs = calling.accepted_kwargs(r.name, r.fn, offered)
+        args, kwargs = calling.call_arguments(r.name, r.fn, offered)
         if not isolate:
             try:
-                values = r.fn(**kwargs)
+                values = r.fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 -- re-raised with the function's name
                 raise ValueError(f"reward function {r.name!r} raised {type(e).__name__}: {e}") from e
         elif pool is not None:
-            values = _call_in_worker(r, pool, kwargs, n, timeout_s, should_stop)
+            values = _call_in_worker(r, pool, args, kwargs, n, timeout_s, should_stop)
         else:
-            values = _call_in_thread(r, kwargs, n, timeout_s, should_stop)
+            values = _call_in_thread(r, args, kwargs, n, timeout_s, should_stop)
         arr = _reward_array(r.name, values, n)
         per_fn[r.name] = arr
         weighted.append(np.float32(r.weight) * arr)
@@ -128,7 +128,7 @@ def _interrupted(name: str, started: float) -> RewardInterrupted:
                              "should_stop() became true (SIGTERM or Ctrl-C); this batch has no rewards")
 
 
-def _call_in_thread(r: WeightedReward, kwargs, n, timeout_s, should_stop):
+def _call_in_thread(r: WeightedReward, args, kwargs, n, timeout_s, should_stop):
     """r.fn in a daemon thread; waits in slices of _POLL_S so a stop request or the timeout is seen."""
     started = time.monotonic()
     if should_stop is not None and should_stop():
@@ -138,7 +138,7 @@ def _call_in_thread(r: WeightedReward, kwargs, n, timeout_s, should_stop):
 
     def target():
         try:
-            box["value"] = r.fn(**kwargs)
+            box["value"] = r.fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 -- re-raised on the caller's thread with the name
             box["error"] = e
         finally:
@@ -161,13 +161,13 @@ def _call_in_thread(r: WeightedReward, kwargs, n, timeout_s, should_stop):
     return box["value"]
 
 
-def _call_in_worker(r: WeightedReward, pool, kwargs, n, timeout_s, should_stop):
+def _call_in_worker(r: WeightedReward, pool, args, kwargs, n, timeout_s, should_stop):
     """r.fn in one of the pool's worker processes (pool.call), errors renamed after the function."""
     started = time.monotonic()
     if should_stop is not None and should_stop():
         raise _interrupted(r.name, started)
     try:
-        return pool.call(r.fn, (), kwargs, timeout_s=timeout_s,
+        return pool.call(r.fn, args, kwargs, timeout_s=timeout_s,
                          should_stop=should_stop, poll_s=_POLL_S)
     except pickle.PicklingError as e:
         raise ValueError(
