@@ -26,6 +26,7 @@ from grpo_jax import advantages as adv_lib
 from grpo_jax import length_buckets
 from grpo_jax import metric_rules
 from grpo_jax import rollout as rollout_lib
+from grpo_jax import sample_view
 from grpo_jax import step as step_lib
 from grpo_jax.run_context import RunContext, RunState
 from grpo_jax.timing import ReadyTimes
@@ -158,13 +159,21 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
     rewards = pick("rewards")
     parts = {name: np.concatenate([r["parts"][name] for _, r in rounds])[row_index] for name in rounds[0][1]["parts"]}
     samples = []
+    every = ctx.config.train.samples_every
+    logged = bool(every) and (step % every == 0 or step == 1)  # the steps train.py writes samples for
     for i, row in enumerate(row_index):
         if row in local_rows:
             ro, j = local_rows[row]
+            if logged:  # what the model saw and said, labelled (decoding costs: only when written)
+                shown = sample_view.sample_record(
+                    ctx.tokenizer, ctx.task, prompt_ids=ro.arrays["prompt_tokens"][j][ro.arrays["prompt_mask"][j] > 0],
+                    completion_ids=ro.arrays["tokens"][j][: ro.lengths[j]], completion=ro.completions[j],
+                    truncated=bool(ro.truncated[j]), example=ro.examples[j])
+            else:
+                shown = {"prompt": rollout_lib.prompt_text(ro.prompts[j]), "completion": ro.completions[j],
+                         "reference": ro.examples[j].get("answer")}
             samples.append({
-                "prompt": rollout_lib.prompt_text(ro.prompts[j]),
-                "completion": ro.completions[j],
-                "answer": ro.examples[j].get("answer"),
+                **shown,
                 "reward": float(rewards[i]),
                 **{f"rewards/{n}": float(v[i]) for n, v in parts.items()},
             })
