@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from grpo_jax import async_rollouts
 from grpo_jax import config as config_lib
@@ -51,6 +52,32 @@ class RunResult:
     evals: list[dict]  # the held-out evaluation rows
     params: Any = None
     stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "stop_after_steps" when it stopped early
+
+    def __repr__(self) -> str:
+        # The params tree and every row would fill a screen: counts and the last figures instead.
+        leaves = jax.tree.leaves(self.params) if self.params is not None else []
+        size = sum(int(np.prod(getattr(x, "shape", ()))) for x in leaves)
+        last = next((r for r in reversed(self.history) if "reward" in r), {})
+        figures = ", ".join(f"{k}={last[k]:.4g}" for k in ("reward", "kl", "entropy") if k in last)
+        evals = f", last eval/pass@1={self.evals[-1]['eval/pass@1']:.4g}" if self.evals and "eval/pass@1" in \
+            self.evals[-1] else ""
+        return (f"RunResult(run_dir={self.run_dir!r}, step={self.step}, stopped_by={self.stopped_by!r}, "
+                f"{len(self.history)} rows ({figures or 'no training row'}), {len(self.evals)} evals{evals}, "
+                f"params: {len(leaves)} arrays, {size:,} values)")
+
+
+def _log_like_the_cli() -> None:
+    """From Python with logging left at its defaults (the root at WARNING, the "grpo_jax" logger
+    untouched), the INFO lines the CLI prints go to stderr in its format; WARNING and up still go
+    where the root sends them (absl, which Orbax imports, has set up a plain stderr handler there).
+    A program that set a level on the root or on "grpo_jax" keeps its own setup."""
+    if log.level != logging.NOTSET or log.handlers or logging.getLogger().level < logging.WARNING:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    handler.addFilter(lambda record: record.levelno < logging.WARNING)  # warnings: the root's handlers
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 class _CompileCounter:
@@ -207,6 +234,7 @@ def run(
     finished step (if it is finite and not saved yet), then raises.
     """
     global _COMPILES
+    _log_like_the_cli()
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
     run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
