@@ -25,6 +25,7 @@ from grpo_jax import sharding
 from grpo_jax import step as step_lib
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.rewards import calling
 from grpo_jax.tasks import make_task
 from grpo_jax.tasks.user_rewards import with_reward_funcs
 from grpo_jax.tokenizer import load_tokenizer
@@ -398,6 +399,11 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     if check_lengths is not None:
         check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
                       config.task.overlong_prompts)
+    # A reward function whose signature cannot take the trainer's call stops the run here, not at step 1.
+    try:
+        calling.check_signatures(task.reward_fns(), [k for k in task.train_example(0) if k != "prompt"])
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
     mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)

@@ -127,3 +127,19 @@ def test_positional_only_parameters_are_passed_by_position():
 
     _, parts = compute_rewards([WeightedReward("located", located)], ["q", "q"], ["4", "5"], {"answer": ["4", "4"]})
     np.testing.assert_array_equal(parts["located"], [1.0, 0.0])
+
+
+def test_a_bad_signature_stops_the_run_at_start_up(tmp_path):
+    # Before any sampling, as a config error naming the function and the names on offer.
+    from grpo_jax.config import ConfigError
+
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, task=TaskSection(reward_funcs=("test_rewards_calling:needs_solution",)))
+    with pytest.raises(ConfigError, match=r"reward function 'needs_solution' cannot take the call: missing a "
+                                          r"required argument: 'solution'.*'answer', 'completion_ids'"):
+        train.run(cfg, task=SevensTask())
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def needs_solution(completions, solution, **kwargs):
+    return [0.0] * len(completions)

@@ -72,6 +72,20 @@ def call_arguments(name: str, fn: Callable, offered: Mapping[str, Any]) -> tuple
     return args, kwargs
 
 
+# What the trainer passes every reward function besides the examples' fields (rollout.score_rollout).
+TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "truncated", "completion_lengths",
+                     "step", "pool")
+
+
+def check_signatures(reward_fns: Sequence[Any], example_fields: Sequence[str]) -> None:
+    """Raises the ValueError of `call_arguments` for the first reward function (a WeightedReward)
+    whose signature cannot take the trainer's call, before any sampling: a run stops at start-up,
+    not at its first step."""
+    offered = dict.fromkeys([*TRAINER_ARGUMENTS, *example_fields])
+    for r in reward_fns:
+        call_arguments(r.name, r.fn, offered)
+
+
 def call_reward(name: str, fn: Callable, offered: Mapping[str, Any]):
     """fn called as `call_arguments` says: a wrapper's way to call the function it wraps."""
     args, kwargs = call_arguments(name, fn, offered)
