@@ -61,23 +61,24 @@ class RunResult:
         figures = ", ".join(f"{k}={last[k]:.4g}" for k in ("reward", "kl", "entropy") if k in last)
         evals = f", last eval/pass@1={self.evals[-1]['eval/pass@1']:.4g}" if self.evals and "eval/pass@1" in \
             self.evals[-1] else ""
-        return (f"RunResult(run_dir={self.run_dir!r}, step={self.step}, stopped_by={self.stopped_by!r}, "
+        return (f"RunResult(run_dir={str(self.run_dir)!r}, step={self.step}, stopped_by={self.stopped_by!r}, "
                 f"{len(self.history)} rows ({figures or 'no training row'}), {len(self.evals)} evals{evals}, "
                 f"params: {len(leaves)} arrays, {size:,} values)")
 
 
 def _log_like_the_cli() -> None:
     """From Python with logging left at its defaults (the root at WARNING, the "grpo_jax" logger
-    untouched), the INFO lines the CLI prints go to stderr in its format; WARNING and up still go
-    where the root sends them (absl, which Orbax imports, has set up a plain stderr handler there).
-    A program that set a level on the root or on "grpo_jax" keeps its own setup."""
+    untouched), the INFO lines the CLI prints are printed too: the logger goes to INFO, and when the
+    root has no handler, one in the CLI's format goes on it. (absl, which Orbax imports, often puts a
+    plain stderr handler on the root: then the lines print through it, once.) A program that set a
+    level on the root or on "grpo_jax" keeps its own setup."""
     if log.level != logging.NOTSET or log.handlers or logging.getLogger().level < logging.WARNING:
         return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
-    handler.addFilter(lambda record: record.levelno < logging.WARNING)  # warnings: the root's handlers
-    log.addHandler(handler)
     log.setLevel(logging.INFO)
+    if not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+        log.addHandler(handler)
 
 
 class _CompileCounter:
