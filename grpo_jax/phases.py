@@ -51,6 +51,7 @@ class StepBatch:
     finished_at: float  # when the batch was complete on the host
     # [B] bool: a reward function scored it above 0, and the truncation rule ("at_most_zero") made it 0.
     zeroed_by_truncation: np.ndarray | None = None
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
 
 
 def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np.ndarray:
@@ -174,6 +175,7 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
                          "reference": ro.examples[j].get("answer")}
             samples.append({
                 **shown,
+                **{f"extra/{c}": v[j] for c, v in ro.reward_extra.items()},  # TRL's log_extra columns
                 "reward": float(rewards[i]),
                 **{f"rewards/{n}": float(v[i]) for n, v in parts.items()},
             })
@@ -193,6 +195,7 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         reward_seconds=sum(ro.reward_seconds for ro, _ in rounds),
         finished_at=time.perf_counter(),
         zeroed_by_truncation=pick("zeroed"),
+        reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
     )
     return batch, data_position
 
@@ -309,6 +312,12 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
     return dataclasses.replace(state, params=params, opt_state=opt_state), metrics
 
 
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Per name, the mean over the dicts that have it (rounds of one step)."""
+    names = {k for d in dicts for k in d}
+    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in sorted(names)}
+
+
 def _nan_mean(x: np.ndarray) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
 
@@ -367,6 +376,7 @@ def report(
         # What was sampled, before the filter kept the informative groups.
         metrics["dynamic_sampling/sampled_reward"] = batch.sampled["reward"]
         metrics["dynamic_sampling/sampled_frac_reward_zero_std"] = batch.sampled["frac_reward_zero_std"]
+    metrics.update(batch.reward_metrics)  # what reward functions logged with log_metric, by their names
     for name, values in batch.reward_parts.items():
         metrics[f"rewards/{name}/mean"] = _nan_mean(values)
         metrics[f"rewards/{name}/std"] = _nan_std(values)

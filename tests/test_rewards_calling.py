@@ -29,10 +29,13 @@ def exact_answer(completions, answer, **kwargs):
     return [1.0 if c == a else 0.0 if a is not None else None for c, a in zip(completions, answer)]
 
 
-def sevens_trl(completions, trainer_state, completion_ids, **kwargs):
-    """The sevens reward in TRL's form; checks the TRL-only arguments it is given on the way."""
-    assert isinstance(trainer_state.global_step, int)
+def sevens_trl(completions, trainer_state, completion_ids, log_metric, log_extra, **kwargs):
+    """The sevens reward in TRL's form; checks the TRL-only arguments it is given on the way, and
+    logs with TRL's log_metric (a scalar for the row) and log_extra (a column for the samples)."""
+    assert isinstance(trainer_state.global_step, int) and trainer_state.max_steps == 2
     assert all(isinstance(ids, list) and len(ids) >= 1 for ids in completion_ids)
+    log_metric("sevens/global_step", float(trainer_state.global_step))
+    log_extra("num_ids", [len(ids) for ids in completion_ids])
     return [sum(ch == "7" for ch in c) / 4.0 for c in completions]
 
 
@@ -107,11 +110,17 @@ def test_train_with_task_reward_funcs_from_config(tmp_path):
     # gets completion_ids and trainer_state (asserted inside) and its values are the reward.
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(cfg, task=TaskSection(reward_funcs=("test_rewards_calling:sevens_trl",)),
-                              train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0))
+                              train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0, samples_every=1))
     result = train.run(cfg, task=SevensTask())
     rows = [r for r in result.history if "reward" in r]
     assert len(rows) == 2
     assert all(r["rewards/sevens_trl/mean"] == r["reward"] for r in rows)
+    # Step s's rollout is scored at trainer_state.global_step = s (the step it trains).
+    assert [r["sevens/global_step"] for r in rows] == [1.0, 2.0]
+    import json
+
+    samples = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+    assert all(1 <= s["extra/num_ids"] <= 4 for s in samples)  # max_new_tokens=4
 
 
 def test_trainer_state_pickles_for_worker_processes():

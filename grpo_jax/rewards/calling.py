@@ -34,6 +34,26 @@ class TrainerState:
     max_steps: int | None = None
 
 
+class RewardLog:
+    """TRL's `log_metric(name, value)` and `log_extra(column, values)` for reward functions: scalars
+    averaged into the step's row under their own names, columns (one value per completion) added to
+    the logged samples. A function run in a worker process (`train.verifier_workers > 0`) logs into
+    the worker's copy, which is not collected."""
+
+    def __init__(self):
+        self.metrics: dict[str, list[float]] = {}
+        self.extra: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.extra.setdefault(str(column), []).extend(values)
+
+    def means(self) -> dict[str, float]:
+        return {name: float(sum(v) / len(v)) for name, v in self.metrics.items() if v}
+
+
 def is_conversational(prompt: Any) -> bool:
     """True for a prompt given as messages ([{"role", "content"}, ...]), TRL's conversational form."""
     return isinstance(prompt, (list, tuple))
@@ -73,8 +93,8 @@ def call_arguments(name: str, fn: Callable, offered: Mapping[str, Any]) -> tuple
 
 
 # What the trainer passes every reward function besides the examples' fields (rollout.score_rollout).
-TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "truncated", "completion_lengths",
-                     "step", "pool")
+TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra",
+                     "truncated", "completion_lengths", "step", "pool")
 
 
 def check_signatures(reward_fns: Sequence[Any], example_fields: Sequence[str]) -> None:
