@@ -3,7 +3,8 @@
 GRPO on a Qwen2.5-0.5B-class model on one or more local GPUs, GSM8K-style JSONL data, R1 template.
 Weights are never downloaded: `model.hf_path` is a local Hugging Face directory (config.json,
 *.safetensors, tokenizer.json). The data file holds one {"question": ..., "answer": ...} object per
-line; GSM8K's "#### 42" answers are understood. bf16 compute and a bf16 reference keep the policy,
+line; GSM8K's "#### 42" answers are understood. Each question is asked as a chat turn through the
+checkpoint's own chat template (`chat: True`), in training, in held-out evaluation and in `eval`. bf16 compute and a bf16 reference keep the policy,
 the reference and Adam state of a 0.5B model within a few GiB.
 """
 
@@ -16,7 +17,8 @@ def get_config() -> Config:
         model=ModelSection(hf_path="/models/Qwen2.5-0.5B-Instruct",
                            dtype="bfloat16", param_dtype="float32"),
         task=TaskSection(name="jsonl", options={"path": "data/gsm8k_train.jsonl", "template": "r1",
-                                                "answer_format": "gsm8k", "format_weight": 0.2}),
+                                                "answer_format": "gsm8k", "format_weight": 0.2,
+                                                "chat": True}),
         sampling=SamplingSection(max_new_tokens=512, temperature=1.0),
         grpo=GRPOSection(prompts_per_step=16, num_generations=8, eps_low=0.2, eps_high=0.28, beta=0.04,
                          aggregation="token", num_iterations=1, num_minibatches=2, grad_accum_steps=2,

@@ -23,10 +23,13 @@ def main(argv=None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     from grpo_jax.config import describe_fields
+    from grpo_jax.tasks import describe_task_options
 
     train = sub.add_parser(
         "train", help="run SFT warm-up (if configured) then GRPO", formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="config fields (--set SECTION.FIELD=VALUE; tuples and dicts as JSON):\n" + describe_fields())
+        epilog="config fields (--set SECTION.FIELD=VALUE; tuples as a comma list a,b or JSON, dicts as JSON):\n"
+        + describe_fields() + "\n\ntask options (--set task.options.NAME=VALUE, read as JSON where it parses):\n"
+        + describe_task_options())
     train.add_argument("--config", required=True, help="a Python file with get_config() -> Config")
     train.add_argument(
         "--set",

@@ -83,6 +83,11 @@ class TaskSection:
     # A data file's example whose prompt is longer than the sampler's largest prompt bucket: "skip"
     # (checked once at start-up, counted in a warning) or "error" (naming file and line).
     overlong_prompts: Literal["skip", "error"] = "skip"
+    # Your own reward functions, in place of the task's: import paths "package.module:function"
+    # (TRL's reward_funcs), each called as TRL calls it; reward_weights: one per function (TRL's
+    # name; empty: 1.0 each). See grpo_jax.tasks.user_rewards.
+    reward_funcs: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -515,21 +520,48 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
             return float(text)
         if hint is str:
             return text
-        if hint is dict or origin is tuple:
+        if origin is tuple:
+            return _parse_tuple(key, text, hint)
+        if hint is dict:
             value = json.loads(text)
-            if origin is tuple:
-                if not isinstance(value, list):
-                    raise ValueError
-                return tuple(value)
             if not isinstance(value, dict):
                 raise ValueError
             return value
     except (ValueError, json.JSONDecodeError):
         pass
-    raise ConfigError(
-        f"--set {key}={text!r}: expected a value of type "
-        f"{getattr(hint, '__name__', hint)}" + (" as JSON" if hint is dict or origin is tuple else "")
-    )
+    raise ConfigError(f"--set {key}={text!r}: expected {_accepted_example(key, hint)}")
+
+
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: "text"}
+_PAIRS = {int: (1, 8), float: (1.0, 0.5), str: ("a", "b")}
+
+
+def _accepted_example(key: str, hint: Any) -> str:
+    """What `--set key=...` takes, with an example, for a type error."""
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        one, two = ("tensorboard", "wandb") if key == "train.report_to" else _PAIRS.get(item, ("a", "b"))
+        return (f"a comma list of {item.__name__} (e.g. {key}={one},{two}; {key}= for none) or a JSON list "
+                f"(e.g. {key}='{json.dumps([one, two])}')")
+    if hint is dict:
+        return f"a JSON object (e.g. {key}='{{\"name\": 1}}')"
+    name = getattr(hint, "__name__", str(hint))
+    return f"a value of type {name} (e.g. {key}={_EXAMPLES.get(hint, '...')})"
+
+
+def _parse_tuple(key: str, text: str, hint: Any) -> tuple:
+    """A tuple field: a JSON list, or a comma list (`a,b`; empty for none), items by the item type."""
+    item = typing.get_args(hint)[0]
+    stripped = text.strip()
+    if stripped.startswith("["):
+        value = json.loads(stripped)
+        if not isinstance(value, list):
+            raise ValueError
+        return tuple(value)
+    parts = [p.strip() for p in stripped.split(",")] if stripped else []
+    if any(not p for p in parts):
+        raise ValueError  # "a,,b"
+    return tuple(_parse_value(key, p, item) for p in parts)
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:

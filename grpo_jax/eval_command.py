@@ -19,7 +19,13 @@ sampler, prompt encoding, checker and sampling keys (`train.seed` folded with th
 as the trainer does at that step). Defaults are the config's `eval.num_samples`, `eval.ks`,
 `eval.temperature`, `eval.greedy` and `sampling.max_new_tokens`.
 
-Written to `--out` (default RUN_DIR/eval/<data>-step<N> with --checkpoint, else runs/eval/<data>):
+`--hf DIR` alone (no --config) takes everything from the checkpoint: the model, its tokenizer and
+stop ids, its chat template (text questions are asked as user turns when it has one), and
+generation_config.json's max_new_tokens (else 512) and temperature (else 1.0).
+
+Written to `--out` (default beside the policy: RUN_DIR/eval/<data>-step<N> with --checkpoint,
+DIR/eval/<data> with --hf, else runs/eval/<data>); a directory holding a result is refused without
+`--overwrite`:
   summary.json   the figures, counts and settings (keys below)
   samples.jsonl  one line per question: reference, prompt, every sampled completion (its extracted
                  answer, correct, truncated, length in tokens) and the greedy one
@@ -67,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ks", help="comma-separated k for pass@k and maj@k, e.g. 1,8 (eval.ks)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (eval.temperature)")
     parser.add_argument("--limit", type=int, help="only the first K questions")
-    parser.add_argument("--out", help="output directory for summary.json and samples.jsonl")
+    parser.add_argument("--out", help="output directory for summary.json and samples.jsonl (default: beside the "
+                        "policy, RUN_DIR/eval/<data>-step<N> or DIR/eval/<data>; else runs/eval/<data>)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier result in the output directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,8 +108,14 @@ def eval_config(args: argparse.Namespace):
                 base = config_lib.from_dict(json.load(f))
         except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
             raise config_lib.ConfigError(f"{path}: {e}") from None
+    elif args.hf:
+        if args.data is None:
+            raise config_lib.ConfigError("--hf DIR without --config needs --data (gsm8k, math500 or a JSONL / "
+                                         "Parquet file): a checkpoint has no held-out set of its own")
+        base = hf_only_config(args.hf)
     else:
-        raise config_lib.ConfigError("give --config FILE (or --checkpoint RUN_DIR, whose config.json is used)")
+        raise config_lib.ConfigError("give --config FILE (or --checkpoint RUN_DIR, whose config.json is used, or "
+                                     "--hf DIR alone)")
     if args.step is not None and not args.checkpoint:
         raise config_lib.ConfigError("--step needs --checkpoint RUN_DIR")
     overrides = list(args.set)
@@ -135,13 +149,68 @@ def eval_config(args: argparse.Namespace):
         raise config_lib.ConfigError(f"{err} (from --num-samples / --ks / --temperature)") from None
 
 
+def hf_only_config(hf_dir: str):
+    """The config of `eval --hf DIR` without --config: the checkpoint's model, tokenizer (its stop
+    ids) and chat template (text questions asked as user turns when it has one), its
+    generation_config.json's `max_new_tokens` (else 512) and `temperature` (else 1.0)."""
+    from grpo_jax import config as config_lib
+    from grpo_jax.tokenizer import load_tokenizer, read_json_object
+
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise config_lib.ConfigError(f"--hf {hf_dir}: no config.json there (a Hugging Face checkpoint directory)")
+    try:
+        tokenizer = load_tokenizer(hf_dir)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        raise config_lib.ConfigError(f"--hf {hf_dir}: its tokenizer: {e} (or give --config FILE with "
+                                     "model.tokenizer)") from None
+    generation_path = os.path.join(hf_dir, "generation_config.json")
+    generation = read_json_object(generation_path) if os.path.isfile(generation_path) else {}
+    max_new_tokens = generation.get("max_new_tokens")
+    temperature = generation.get("temperature")
+    chat = getattr(tokenizer, "chat_templates", None) is not None
+    return config_lib.Config(
+        model=config_lib.ModelSection(hf_path=hf_dir),
+        task=config_lib.TaskSection(name="jsonl", options={"chat": chat}),
+        sampling=config_lib.SamplingSection(
+            max_new_tokens=max_new_tokens if isinstance(max_new_tokens, int) and max_new_tokens > 0 else 512),
+        eval=config_lib.EvalSection(
+            temperature=float(temperature) if isinstance(temperature, (int, float)) and temperature > 0 else 1.0),
+    )
+
+
+def out_directory(args: argparse.Namespace, name: str, step: int) -> str:
+    """Where the results go: --out, else beside the policy (RUN_DIR/eval/<data>-step<N>,
+    DIR/eval/<data> for --hf DIR), else runs/eval/<data>. A directory that holds a result is not
+    overwritten without --overwrite (a ConfigError saying so, before any work)."""
+    from grpo_jax import config as config_lib
+
+    if args.out:
+        out = args.out
+    elif args.checkpoint:
+        out = os.path.join(args.checkpoint, "eval", f"{name}-step{step}")
+    elif args.hf:
+        out = os.path.join(args.hf, "eval", name)
+    else:
+        out = os.path.join("runs", "eval", name)
+    summary = os.path.join(out, "summary.json")
+    if os.path.exists(summary) and not getattr(args, "overwrite", False):
+        raise config_lib.ConfigError(
+            f"{os.path.abspath(out)} holds an earlier result ({summary}); pass --overwrite to replace it, or "
+            "--out DIR for a new directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise config_lib.ConfigError(f"cannot write the results to {out} ({e}); give --out DIR") from None
+    return out
+
+
 def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, Any, list[dict]]:
     """(data name, data path or None, the checker, the examples): `task.eval_correct` and
     `task.extract_answer` come from the checker."""
     from grpo_jax import config as config_lib
     from grpo_jax import run_context
     from grpo_jax.tasks import EVAL_SETS, Fields, read_examples
-    from grpo_jax.tasks.jsonl import AnswerChecker, eval_data
+    from grpo_jax.tasks.jsonl import eval_data
 
     opts = dict(config.task.options) if config.task.name == "jsonl" else {}
     if args.data is None:
@@ -152,14 +221,7 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
         if not examples:
             raise config_lib.ConfigError(f"task {config.task.name!r} has no held-out examples; give --data")
         return "heldout", None, task, examples[: args.limit]
-    try:
-        checker = AnswerChecker(template=opts.get("template", "plain"),
-                                answer_location=opts.get("answer_location", "boxed"),
-                                eval_answer_location=opts.get("eval_answer_location"),
-                                approx_rtol=opts.get("approx_rtol", 0.0),
-                                number_format=opts.get("number_format", "en"))
-    except ValueError as e:
-        raise config_lib.ConfigError(f"task.options: {e}") from None
+    checker = run_checker(config)
     fields = Fields(question=opts.get("eval_question_field") or opts.get("question_field", "question"),
                     answer=opts.get("eval_answer_field") or opts.get("answer_field", "answer"),
                     messages=opts.get("messages_field", "prompt"),
@@ -171,6 +233,34 @@ def eval_examples(config, args: argparse.Namespace) -> tuple[str, str | None, An
         raise config_lib.ConfigError(f"--data {args.data}: {e}") from None
     name = args.data if args.data in EVAL_SETS else pathlib.Path(path).stem
     return name, path, checker, [checker.example(r) for _, r in rows[: args.limit]]
+
+
+def run_checker(config):
+    """The run's prompt format and answer checks (`AnswerChecker`), so `--data` questions are asked
+    as training asked its own: as messages when the run's jsonl task wraps text questions for the
+    chat template (`chat`, and with `chat` unset, when its training rows are messages)."""
+    from grpo_jax import config as config_lib
+    from grpo_jax import run_context
+    from grpo_jax.tasks.jsonl import AnswerChecker
+
+    opts = dict(config.task.options) if config.task.name == "jsonl" else {}
+    chat = opts.get("chat")
+    if config.task.name == "jsonl" and chat is None:
+        try:
+            return run_context.configured_task(config).checker  # auto: reads the training rows
+        except config_lib.ConfigError as e:
+            log.warning("cannot read the run's training data to learn its prompt format (%s); asking the "
+                        "questions as text (set task.options.chat to say which)", e)
+            chat = False
+    try:
+        return AnswerChecker(template=opts.get("template", "plain"),
+                             answer_location=opts.get("answer_location", "boxed"),
+                             eval_answer_location=opts.get("eval_answer_location"),
+                             approx_rtol=opts.get("approx_rtol", 0.0),
+                             number_format=opts.get("number_format", "en"),
+                             chat=False if chat is None else chat, system_prompt=opts.get("system_prompt"))
+    except ValueError as e:
+        raise config_lib.ConfigError(f"task.options: {e}") from None
 
 
 def check_prompts(tokenizer, examples: list[dict], name: str) -> None:
@@ -284,6 +374,8 @@ def _run(args: argparse.Namespace) -> int:
     tokenizer = run_context.configured_tokenizer(config)
     name, data_path, checker, examples = eval_examples(config, args)
     check_prompts(tokenizer, examples, name)
+    if not args.checkpoint:
+        out_dir = out_directory(args, name, 0)  # before the work: an earlier result is not overwritten
     mesh = run_context.configured_mesh(config)
     model_config, graphdef, params = run_context.build_model(config, tokenizer, mesh)
     step = 0
@@ -292,6 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         del params  # the fresh init only gave the shapes; the checkpoint's params replace it
         step, params = restore_params(args.checkpoint, abstract, args.step)
         policy = {"checkpoint": os.path.abspath(args.checkpoint), "step": step}
+        out_dir = out_directory(args, name, step)
     elif config.model.hf_path:
         policy = {"hf": os.path.abspath(config.model.hf_path)}
     else:
@@ -302,8 +395,6 @@ def _run(args: argparse.Namespace) -> int:
     multiple = sharding.batch_size_multiple(mesh)
     batch_prompts = -(-min(_EVAL_BATCH, len(examples)) // multiple) * multiple
     e_cfg = config.eval
-    out_dir = args.out or (os.path.join(args.checkpoint, "eval", f"{name}-step{step}") if args.checkpoint
-                           else os.path.join("runs", "eval", name))
     label = f"eval {name}"
     log.info("%s: %d questions x %d samples, temperature %g, max_new_tokens %d", label, len(examples),
              e_cfg.num_samples, e_cfg.temperature, config.sampling.max_new_tokens)

@@ -236,9 +236,10 @@ def _clip_text(text: str, max_chars: int) -> str:
 
 
 def _format_sample(index: int, sample: Mapping[str, Any], max_chars: int) -> str:
+    labelled = ("prompt", "completion", "answer", "reference", "extracted_answer", "stop", "reward")
     extras = []
     for key, value in sample.items():
-        if key in ("prompt", "completion", "answer", "reward"):
+        if key in labelled:
             continue
         if isinstance(value, Mapping):
             extras.extend(f"{key}/{k}={_jsonable(v)}" for k, v in value.items())
@@ -247,12 +248,20 @@ def _format_sample(index: int, sample: Mapping[str, Any], max_chars: int) -> str
     head = f"[#{index}] reward={_jsonable(sample['reward'])}"
     if extras:
         head += " (" + ", ".join(extras) + ")"
-    if "answer" in sample:
-        head += f" | answer: {sample['answer']}"
+    reference = sample.get("reference", sample.get("answer"))
+    answers = []
+    if "reference" in sample or "answer" in sample:
+        answers.append(f"reference answer: {reference}")
+    if "extracted_answer" in sample:
+        answers.append(f"model's answer: {sample['extracted_answer']}")
+    if answers:
+        head += " | " + " | ".join(answers)
     body = []
     if "prompt" in sample:
-        body.append("prompt: " + _clip_text(str(sample["prompt"]), max_chars // 3))
+        body.append("prompt (as the model saw it): " + _clip_text(str(sample["prompt"]), max_chars // 3))
     body.append("completion: " + _clip_text(str(sample["completion"]), max_chars))
+    if "stop" in sample:
+        body.append(f"stopped by: {sample['stop']}")
     return head + "\n" + "\n".join(body)
 
 

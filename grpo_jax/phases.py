@@ -24,7 +24,9 @@ import numpy as np
 
 from grpo_jax import advantages as adv_lib
 from grpo_jax import length_buckets
+from grpo_jax import metric_rules
 from grpo_jax import rollout as rollout_lib
+from grpo_jax import sample_view
 from grpo_jax import step as step_lib
 from grpo_jax.run_context import RunContext, RunState
 from grpo_jax.timing import ReadyTimes
@@ -47,6 +49,9 @@ class StepBatch:
     device_start: float  # when the devices started this step's rollout
     reward_seconds: float
     finished_at: float  # when the batch was complete on the host
+    # [B] bool: a reward function scored it above 0, and the truncation rule ("at_most_zero") made it 0.
+    zeroed_by_truncation: np.ndarray | None = None
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
 
 
 def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np.ndarray:
@@ -114,11 +119,13 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         # A reward function's error (or timeout) on one process stops every process here.
         ro = processes.agreed(lambda: rollout_lib.score_rollout(
             pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
-            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop),
+            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop,
+            max_steps=ctx.config.train.steps),
             f"scoring step {step}'s rewards")
         rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
         rounds.append((ro, {
             "rewards": processes.gather(rewards),
+            "zeroed": processes.gather(ro.truncated & (ro.rewards > 0) & (rewards == 0)),
             "parts": {name: processes.gather(v) for name, v in ro.reward_parts.items()},
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
@@ -153,13 +160,22 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
     rewards = pick("rewards")
     parts = {name: np.concatenate([r["parts"][name] for _, r in rounds])[row_index] for name in rounds[0][1]["parts"]}
     samples = []
+    every = ctx.config.train.samples_every
+    logged = bool(every) and (step % every == 0 or step == 1)  # the steps train.py writes samples for
     for i, row in enumerate(row_index):
         if row in local_rows:
             ro, j = local_rows[row]
+            if logged:  # what the model saw and said, labelled (decoding costs: only when written)
+                shown = sample_view.sample_record(
+                    ctx.tokenizer, ctx.task, prompt_ids=ro.arrays["prompt_tokens"][j][ro.arrays["prompt_mask"][j] > 0],
+                    completion_ids=ro.arrays["tokens"][j][: ro.lengths[j]], completion=ro.completions[j],
+                    truncated=bool(ro.truncated[j]), example=ro.examples[j])
+            else:
+                shown = {"prompt": rollout_lib.prompt_text(ro.prompts[j]), "completion": ro.completions[j],
+                         "reference": ro.examples[j].get("answer")}
             samples.append({
-                "prompt": rollout_lib.prompt_text(ro.prompts[j]),
-                "completion": ro.completions[j],
-                "answer": ro.examples[j].get("answer"),
+                **shown,
+                **{f"extra/{c}": v[j] for c, v in ro.reward_extra.items()},  # TRL's log_extra columns
                 "reward": float(rewards[i]),
                 **{f"rewards/{n}": float(v[i]) for n, v in parts.items()},
             })
@@ -178,6 +194,8 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         device_start=device_start,
         reward_seconds=sum(ro.reward_seconds for ro, _ in rounds),
         finished_at=time.perf_counter(),
+        zeroed_by_truncation=pick("zeroed"),
+        reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
     )
     return batch, data_position
 
@@ -294,6 +312,12 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
     return dataclasses.replace(state, params=params, opt_state=opt_state), metrics
 
 
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Per name, the mean over the dicts that have it (rounds of one step)."""
+    names = {k for d in dicts for k in d}
+    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in sorted(names)}
+
+
 def _nan_mean(x: np.ndarray) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
 
@@ -329,6 +353,9 @@ def report(
         "completions/min_length": float(batch.lengths.min()),
         "completions/max_length": float(batch.lengths.max()),
         "completions/clipped_ratio": float(batch.truncated.mean()),
+        # The share of completions whose positive reward grpo.truncated_reward="at_most_zero" took away.
+        "completions/truncated_reward_zeroed": (float(batch.zeroed_by_truncation.mean())
+                                                if batch.zeroed_by_truncation is not None else 0.0),
         "advantages/mean": float(advantages.mean()),
         "advantages/std": float(advantages.std()),
         "advantages/max": float(advantages.max()),
@@ -349,7 +376,9 @@ def report(
         # What was sampled, before the filter kept the informative groups.
         metrics["dynamic_sampling/sampled_reward"] = batch.sampled["reward"]
         metrics["dynamic_sampling/sampled_frac_reward_zero_std"] = batch.sampled["frac_reward_zero_std"]
+    metrics.update(batch.reward_metrics)  # what reward functions logged with log_metric, by their names
     for name, values in batch.reward_parts.items():
         metrics[f"rewards/{name}/mean"] = _nan_mean(values)
         metrics[f"rewards/{name}/std"] = _nan_std(values)
-    return metrics
+    # No per-token metric for a step that trained on no token; no mean outside its bounds.
+    return metric_rules.means_within_bounds(metric_rules.without_masked_step_metrics(metrics, update_metrics))

@@ -17,6 +17,7 @@ from grpo_jax import evaluation
 from grpo_jax import sharding
 from grpo_jax.processes import Processes
 from grpo_jax.rewards import compute_rewards
+from grpo_jax.rewards.calling import RewardLog, TrainerState
 from grpo_jax.sampler import SampleOutput, Sampler, SamplingConfig
 
 
@@ -67,6 +68,8 @@ class Rollout:
     arrays: dict[str, np.ndarray]  # prompt_tokens [R, P], prompt_mask [R, P], tokens, mask, logprobs [R, C]
     tokens_ready_at: float  # time.perf_counter() when the samples were on the host
     reward_seconds: float = 0.0  # host time spent in the reward functions
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, averaged
+    reward_extra: dict[str, list] = dataclasses.field(default_factory=dict)  # TRL's log_extra, one per row
 
 
 def dispatch_rollout(
@@ -87,9 +90,12 @@ def dispatch_rollout(
 
 
 def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=None, timeout_s: float | None = None,
-                  should_stop=None) -> Rollout:
+                  should_stop=None, max_steps: int | None = None) -> Rollout:
     """Reads this process's rows of a dispatched rollout, decodes them and runs the task's reward
-    functions (a process pool when `pool` is given). A user reward function slower than
+    functions (a process pool when `pool` is given). Besides the examples' fields they get TRL's
+    `completion_ids` (each completion's token ids, the stop token included), `trainer_state`
+    (`global_step=step`, `max_steps`), `log_metric` and `log_extra` (`calling.RewardLog`), and
+    grpo_jax's `truncated`, `completion_lengths` and `step`. A user reward function slower than
     `timeout_s` raises `RewardTimeoutError`; `should_stop()` turning true while one runs raises
     `RewardInterrupted` (see `rewards.compute_rewards`)."""
     sample = pending.sample
@@ -108,7 +114,11 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
     prompts = [ex["prompt"] for ex in rep_examples]
     field_names = sorted({k for ex in pending.examples for k in ex if k != "prompt"})
     fields: dict[str, Any] = {k: [ex.get(k) for ex in rep_examples] for k in field_names}
-    fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step)
+    fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step,
+                  completion_ids=[row[:n].tolist() for row, n in zip(arrays["tokens"], lengths)],
+                  trainer_state=TrainerState(global_step=step, max_steps=max_steps))
+    reward_log = RewardLog()
+    fields.update(log_metric=reward_log.log_metric, log_extra=reward_log.log_extra)
     t0 = time.perf_counter()
     rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool,
                                      timeout_s=timeout_s, should_stop=should_stop)
@@ -124,6 +134,8 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
         arrays=arrays,
         tokens_ready_at=tokens_ready_at,
         reward_seconds=reward_seconds,
+        reward_metrics=reward_log.means(),
+        reward_extra={c: v for c, v in reward_log.extra.items() if len(v) == len(completions)},
     )
 
 

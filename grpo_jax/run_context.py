@@ -25,7 +25,9 @@ from grpo_jax import sharding
 from grpo_jax import step as step_lib
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.rewards import calling
 from grpo_jax.tasks import make_task
+from grpo_jax.tasks.user_rewards import with_reward_funcs
 from grpo_jax.tokenizer import load_tokenizer
 
 log = logging.getLogger("grpo_jax")
@@ -260,9 +262,23 @@ def configured_tokenizer(config: config_lib.Config):
 def configured_task(config: config_lib.Config):
     """The configured task; unknown names or options, and unreadable data, are ConfigErrors."""
     try:
-        return make_task(config.task.name, **config.task.options)
+        task = make_task(config.task.name, **config.task.options)
     except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
         raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
+    return with_configured_rewards(config, task)
+
+
+def with_configured_rewards(config: config_lib.Config, task):
+    """`task` with `task.reward_funcs` (import paths) in place of its own reward functions, if set."""
+    if not config.task.reward_funcs:
+        if config.task.reward_weights:
+            raise config_lib.ConfigError(f"task.reward_weights={list(config.task.reward_weights)} without "
+                                         "task.reward_funcs: the weights are for your own functions; set both")
+        return task
+    try:
+        return with_reward_funcs(task, config.task.reward_funcs, config.task.reward_weights)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"task.reward_funcs={list(config.task.reward_funcs)}: {e}") from None
 
 
 def split_devices(config: config_lib.Config) -> tuple[list, list]:
@@ -375,7 +391,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     `tokenizer` replace the configured ones."""
     t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
     tokenizer = tokenizer or configured_tokenizer(config)
-    task = task or configured_task(config)
+    task = with_configured_rewards(config, task) if task is not None else configured_task(config)
     # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
     # skipped (or refused, naming file and line) before it can stop the run at the same step on
     # every resume. Counted as the rollout encodes prompts.
@@ -383,6 +399,11 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     if check_lengths is not None:
         check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
                       config.task.overlong_prompts)
+    # A reward function whose signature cannot take the trainer's call stops the run here, not at step 1.
+    try:
+        calling.check_signatures(task.reward_fns(), [k for k in task.train_example(0) if k != "prompt"])
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
     mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)

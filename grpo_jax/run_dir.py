@@ -82,8 +82,10 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(section.field, saved value, new value) for every field that differs, in config order;
     task options as "task.options.<name>"."""
     diffs = []
+    defaults = config_lib.to_dict(config_lib.Config())
     for section in new:
-        old_sec, new_sec = saved.get(section, {}), new[section]
+        # A field the saved config lacks was added later: that run ran with its default.
+        old_sec, new_sec = {**defaults.get(section, {}), **saved.get(section, {})}, new[section]
         for field in new_sec:
             if section == "task" and field == "options":
                 old_opts, new_opts = old_sec.get("options", {}), new_sec["options"]
@@ -94,6 +96,8 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
             old, value = old_sec.get(field), new_sec[field]
             if isinstance(value, tuple):
                 value = list(value)
+            if isinstance(old, tuple):
+                old = list(old)
             if old != value:
                 diffs.append((f"{section}.{field}", old, value))
     return diffs
@@ -149,12 +153,16 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         raise RunDirError(
             f"--resume: {key} changed {old!r} -> {new!r}, and it sets what the run's checkpoints hold (the "
             f"parameter snapshots of in-flight rollouts); resume with {key}={old!r}, or start a new train.run_dir")
-    meaningful = [d for d in diffs if not is_operational(d[0])]
+    extended = [d for d in diffs if _extends_the_run(d, config)]
+    for key, old, new in extended:
+        log.info("--resume: train.steps %r -> %r: optim.schedule='constant', so the learning rate of every step "
+                 "(warm-up included) is the one it had; the run goes on to step %d", old, new, new)
+    meaningful = [d for d in diffs if not is_operational(d[0]) and d not in extended]
     for key, old, new in diffs:
         if is_operational(key):
             log.info("--resume: %s changed %r -> %r (does not change what the run computes)", key, old, new)
     if meaningful and not allow_config_change:
-        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in meaningful)
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}{_why(key, old, new, config)}" for key, old, new in meaningful)
         raise RunDirError(
             f"--resume: the config differs from the run's ({path}) in fields that change what the run means:\n"
             f"{lines}\nUse the run's values, start a new train.run_dir, or pass --allow-config-change to resume "
@@ -162,6 +170,22 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         )
     for key, old, new in meaningful:
         log.warning("--resume --allow-config-change: %s %r -> %r", key, old, new)
+
+
+def _extends_the_run(diff: tuple[str, Any, Any], config: config_lib.Config) -> bool:
+    """Raising train.steps under a constant schedule changes nothing already trained: the learning
+    rate (warm-up, then constant) does not depend on the run's length, and nothing else does."""
+    key, old, new = diff
+    return (key == "train.steps" and isinstance(old, int) and isinstance(new, int) and new > old
+            and config.optim.schedule == "constant")
+
+
+def _why(key: str, old: Any, new: Any, config: config_lib.Config) -> str:
+    """What a refused change would change, where a line says it better than the field's name."""
+    if key == "train.steps" and config.optim.schedule == "cosine":
+        return (" (optim.schedule='cosine' decays over train.steps: the learning rate of the steps to come "
+                "changes; raising train.steps is accepted with schedule='constant')")
+    return ""
 
 
 def write_config(config: config_lib.Config, run_dir) -> None:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from grpo_jax import async_rollouts
 from grpo_jax import config as config_lib
@@ -36,6 +37,7 @@ from grpo_jax.checkpoint import CheckpointManager
 from grpo_jax.diagnostics import Diagnostics
 from grpo_jax.metrics import MetricsWriter
 from grpo_jax.rewards import RewardInterrupted
+from grpo_jax.signal_watch import SignalWatch
 from grpo_jax.run_context import RunContext, RunState
 from grpo_jax.timing import ReadyTimes
 
@@ -50,6 +52,33 @@ class RunResult:
     evals: list[dict]  # the held-out evaluation rows
     params: Any = None
     stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "stop_after_steps" when it stopped early
+
+    def __repr__(self) -> str:
+        # The params tree and every row would fill a screen: counts and the last figures instead.
+        leaves = jax.tree.leaves(self.params) if self.params is not None else []
+        size = sum(int(np.prod(getattr(x, "shape", ()))) for x in leaves)
+        last = next((r for r in reversed(self.history) if "reward" in r), {})
+        figures = ", ".join(f"{k}={last[k]:.4g}" for k in ("reward", "kl", "entropy") if k in last)
+        evals = f", last eval/pass@1={self.evals[-1]['eval/pass@1']:.4g}" if self.evals and "eval/pass@1" in \
+            self.evals[-1] else ""
+        return (f"RunResult(run_dir={str(self.run_dir)!r}, step={self.step}, stopped_by={self.stopped_by!r}, "
+                f"{len(self.history)} rows ({figures or 'no training row'}), {len(self.evals)} evals{evals}, "
+                f"params: {len(leaves)} arrays, {size:,} values)")
+
+
+def _log_like_the_cli() -> None:
+    """From Python with logging left at its defaults (the root at WARNING, the "grpo_jax" logger
+    untouched), the INFO lines the CLI prints are printed too: the logger goes to INFO, and when the
+    root has no handler, one in the CLI's format goes on it. (absl, which Orbax imports, often puts a
+    plain stderr handler on the root: then the lines print through it, once.) A program that set a
+    level on the root or on "grpo_jax" keeps its own setup."""
+    if log.level != logging.NOTSET or log.handlers or logging.getLogger().level < logging.WARNING:
+        return
+    log.setLevel(logging.INFO)
+    if not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+        log.addHandler(handler)
 
 
 class _CompileCounter:
@@ -206,6 +235,7 @@ def run(
     finished step (if it is finite and not saved yet), then raises.
     """
     global _COMPILES
+    _log_like_the_cli()
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
     run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
@@ -242,6 +272,7 @@ def run(
             if ctx.processes.is_primary:
                 run_dir_lib.write_config(config, ctx.run_dir)
             state, stopped_by = loop.train(state, stop)
+            loop.watch.close()
     except Exception:
         loop.save_on_error()
         raise
@@ -264,6 +295,7 @@ class _Loop:
     def __init__(self, ctx: RunContext, ckpt: CheckpointManager, writer: MetricsWriter):
         self.ctx, self.ckpt, self.writer = ctx, ckpt, writer
         self.diagnostics = Diagnostics()
+        self.watch = SignalWatch(ctx.config, ctx.updates_per_step)  # settings that eat the signal, warned once
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self.nonfinite_streak = 0
@@ -298,6 +330,7 @@ class _Loop:
     def write(self, row: dict) -> None:
         t_cfg = self.ctx.config.train
         self.diagnostics.update(row["step"], row)  # logs each warning itself
+        self.watch.update(row["step"], row)
         if row["step"] % t_cfg.log_every == 0 or "eval/pass@1" in row or row["step"] == t_cfg.steps:
             self.writer.write(row["step"], row)
         self.history.append(row)

@@ -197,3 +197,32 @@ def test_eval_command_module_runs_as_a_script(tmp_path):
     done = subprocess.run([sys.executable, "-m", "grpo_jax.eval_command", "--help"], cwd=root, capture_output=True,
                           text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert done.returncode == 0 and "--checkpoint RUN_DIR" in done.stdout and "summary.json" in done.stdout
+
+
+def test_eval_hf_alone_uses_the_checkpoints_template_and_never_overwrites(tmp_path, capsys):
+    # No --config: the model, tokenizer, stop ids and chat template come from the directory.
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from hf_fixtures import make_tiny_instruct_checkpoint
+
+    hf_dir = make_tiny_instruct_checkpoint(tmp_path / "tiny")
+    data = tmp_path / "sums.jsonl"
+    data.write_text('{"question": "What is 1+1?", "answer": "2"}\n{"question": "What is 2+3?", "answer": "5"}\n')
+    argv = ["--hf", str(hf_dir), "--data", str(data), "--num-samples", "2", "--set", "sampling.max_new_tokens=4"]
+    assert evaluate(*argv) == 0
+    out = hf_dir / "eval" / "sums"  # beside the checkpoint
+    summary, samples = read_outputs(out)
+    assert summary["policy"] == {"hf": str(hf_dir)} and summary["config"] is None
+    check_figures(summary, samples, n=2, ks=(1, 2))
+    # The text questions were asked as chat turns, as the checkpoint's template expects.
+    assert samples[0]["prompt"] == [{"role": "user", "content": "What is 1+1? Put the answer in \\boxed{}."}]
+    # A second run refuses to replace the first one's result, before any work; --overwrite replaces it.
+    capsys.readouterr()
+    assert evaluate(*argv) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier result" in err and "pass --overwrite" in err
+    assert evaluate(*argv, "--overwrite") == 0
+    # --hf alone needs a data set.
+    assert evaluate("--hf", str(hf_dir)) == 2
+    assert "--hf DIR without --config needs --data" in capsys.readouterr().err

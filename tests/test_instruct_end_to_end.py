@@ -62,8 +62,11 @@ def test_a_tiny_instruct_checkpoint_trains_and_evaluates_through_the_cli(tmp_pat
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert {"eval/pass@1", "eval/greedy_accuracy"} <= set(metrics[0])  # MATH-500 as the held-out set
     # The prompts went through the checkpoint's chat template with its generation prompt.
+    # The sample shows the prompt as rendered, special tokens and all.
     sample = json.loads(open(run / "samples.jsonl").readline())
-    assert sample["prompt"].startswith("user: ") and any(r["question"] in sample["prompt"] for r in rows)
+    assert sample["prompt"].startswith("<|im_start|>system\n") and sample["prompt"].endswith("<|im_start|>assistant\n")
+    assert any(f"<|im_start|>user\n{r['question']}" in sample["prompt"] for r in rows)
+    assert {"reference", "extracted_answer", "stop"} <= set(sample)
 
     # The export keeps the source's config and generation config (both stop ids) and its tokenizer.
     export = run / "hf"

@@ -142,7 +142,7 @@ def test_samples_print_random_and_top_reward_and_keep_all(tmp_path, capsys):
     assert "samples at step 5: 20 completions" in out
     assert out.count("[#") == 6  # 5 random + 1 top (13 is not among the random ones for seed 5)
     top_section = out.split("highest reward")[1]
-    assert "[#13] reward=1.5 (rewards/correct=0.0) | answer: 7" in top_section
+    assert "[#13] reward=1.5 (rewards/correct=0.0) | reference answer: 7" in top_section
     stored = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(stored) == 20  # every sample is kept, not only the printed ones
     assert [s["shown"] for s in stored].count("random") == 5

@@ -50,8 +50,7 @@ def test_resume_refuses_a_config_that_changes_the_run_and_names_the_fields(tmp_p
     with pytest.raises(RunDirError) as err:
         train.run(changed, task=SevensTask(), resume=True)
     message = str(err.value)
-    for line in ("grpo.num_generations: 4 -> 2", "train.seed: 3 -> 4", "train.steps: 2 -> 3",
-                 "--allow-config-change"):
+    for line in ("grpo.num_generations: 4 -> 2", "train.seed: 3 -> 4", "--allow-config-change"):
         assert line in message, message
     assert (tmp_path / "config.json").read_text() == saved  # not rewritten by a start that failed
 
@@ -59,16 +58,20 @@ def test_resume_refuses_a_config_that_changes_the_run_and_names_the_fields(tmp_p
 def test_resume_accepts_operational_changes_and_logs_them(tmp_path, caplog):
     cfg = _finished_run(tmp_path)
     more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=3))
-    # A longer run is a meaning change (the schedule's length)...
-    with pytest.raises(RunDirError, match="train.steps: 2 -> 3"):
-        train.run(more, task=SevensTask(), resume=True)
-    # ... which --allow-config-change accepts; evaluation and logging cadence never need it.
+    # A longer run under a cosine schedule changes the learning rate of the steps to come: refused,
+    # saying why (before: refused under every schedule, even where nothing trained changes).
+    cosine = dataclasses.replace(more, optim=dataclasses.replace(more.optim, schedule="cosine"))
+    with pytest.raises(RunDirError, match=r"train.steps: 2 -> 3 \(optim.schedule='cosine' decays over train.steps"):
+        run_dir_lib.check_resumed_config(cosine, tmp_path, allow_config_change=False)
+    # With the run's constant schedule it changes nothing already trained: accepted and said so,
+    # as evaluation and logging cadence are.
     relaxed = dataclasses.replace(more, train=dataclasses.replace(more.train, log_every=2, samples_every=1))
     with caplog.at_level(logging.INFO, logger="grpo_jax"):
-        result = train.run(relaxed, task=SevensTask(), resume=True, allow_config_change=True)
+        result = train.run(relaxed, task=SevensTask(), resume=True)
     assert result.step == 3
     text = caplog.text
-    assert "train.log_every changed 1 -> 2" in text and "train.steps 2 -> 3" in text
+    assert "train.log_every changed 1 -> 2" in text
+    assert "train.steps 2 -> 3: optim.schedule='constant', so the learning rate of every step" in text
     assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
 
 

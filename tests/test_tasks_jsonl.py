@@ -447,8 +447,13 @@ def test_jsonl_messages_and_string_prompts(tmp_path):
     by_answer = {task.train_example(i)["answer"]: task.train_example(i) for i in range(3)}
     assert by_answer["4"]["prompt"] == [{"role": "user", "content": "What is 2+2? Put the answer in \\boxed{}."}]
     assert by_answer["4"]["question"] == "What is 2+2?"  # the split and eval_path dedup key on this
-    assert by_answer["6"]["prompt"] == "What is 3+3? Put the answer in \\boxed{}."
-    assert by_answer["8"]["prompt"] == "What is 4+4? Put the answer in \\boxed{}."
+    # One prompt format per run: a file with messages asks its text rows as user turns too (chat
+    # unset: auto); chat=False keeps them text.
+    assert by_answer["6"]["prompt"] == [{"role": "user", "content": "What is 3+3? Put the answer in \\boxed{}."}]
+    text = JsonlTask(path=path, eval_fraction=0.0, chat=False)
+    by_answer_text = {text.train_example(i)["answer"]: text.train_example(i) for i in range(3)}
+    assert by_answer_text["6"]["prompt"] == "What is 3+3? Put the answer in \\boxed{}."
+    assert by_answer_text["8"]["prompt"] == "What is 4+4? Put the answer in \\boxed{}."
     none = JsonlTask(path=path, eval_fraction=0.0, template="none")
     assert {none.train_example(i)["answer"]: none.train_example(i)["prompt"] for i in range(3)}["4"] == [
         {"role": "user", "content": "What is 2+2?"}]

@@ -1,7 +1,9 @@
 """Several reward functions at once (weighted, each logged), and the seed's Part 3 combinations.
 
-A RewardFn is a plain callable `f(prompts, completions, **fields) -> list[float | None]`, one value
-per completion; None means "not applicable to this example" and is skipped in the total.
+A RewardFn is a plain callable `f(prompts=..., completions=..., **fields) -> list[float | None]`,
+one value per completion, called with keyword arguments as TRL calls them (`calling.py`: TRL's
+`def f(completions, **kwargs)` runs as written); None means "not applicable to this example" and is
+skipped in the total.
 
 A user's function is hostile input too: what it returns is checked (a sequence of finite numbers or
 None, one per completion), and with a timeout or a stop flag it runs where it can be abandoned, in
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import functools
 import math
 import numbers
 import pickle
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from grpo_jax.rewards import calling
 from grpo_jax.rewards import pool as pool_lib
 
 RewardFn = Callable[..., list]
@@ -57,7 +59,10 @@ def compute_rewards(reward_fns: Sequence[WeightedReward], prompts: list[str], co
       total_N: float32 [N], nansum over functions of weight * value (None -> NaN -> skipped); NaN
         where every function returned None for that completion.
       per_fn: name -> float32 [N] raw values (NaN for None), for logging each reward on its own.
-    Each fn is called once per batch as fn(prompts, completions, **fields, pool=pool). A fn that
+    Each fn is called once per batch with keywords, TRL's way (`calling.py`): prompts=, completions=
+    (TRL's conversational form for a user function whose prompt is messages), the fields (data set
+    columns, completion_ids, trainer_state, truncated, completion_lengths, step) and pool=; a fn
+    without **kwargs gets only the names it declares. A signature that cannot take the call, a fn that
     raises, returns anything but a list / tuple / 1-D array of N numbers or None, or a NaN or
     infinite value: ValueError naming the function (and the index and value).
 
@@ -86,16 +91,21 @@ def compute_rewards(reward_fns: Sequence[WeightedReward], prompts: list[str], co
     per_fn: dict[str, np.ndarray] = {}
     weighted = []
     for r in reward_fns:
-        isolate = (timeout_s is not None or should_stop is not None) and not _is_builtin(r.fn)
+        builtin = calling.is_builtin(r.fn)
+        isolate = (timeout_s is not None or should_stop is not None) and not builtin
+        offered = {"prompts": prompts,
+                   "completions": completions if builtin else calling.trl_completions(prompts, completions),
+                   **fields, "pool": pool if not isolate else None}
+        args, kwargs = calling.call_arguments(r.name, r.fn, offered)
         if not isolate:
             try:
-                values = r.fn(prompts, completions, **fields, pool=pool)
+                values = r.fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 -- re-raised with the function's name
                 raise ValueError(f"reward function {r.name!r} raised {type(e).__name__}: {e}") from e
         elif pool is not None:
-            values = _call_in_worker(r, pool, prompts, completions, fields, timeout_s, should_stop)
+            values = _call_in_worker(r, pool, args, kwargs, n, timeout_s, should_stop)
         else:
-            values = _call_in_thread(r, prompts, completions, {**fields, "pool": None}, timeout_s, should_stop)
+            values = _call_in_thread(r, args, kwargs, n, timeout_s, should_stop)
         arr = _reward_array(r.name, values, n)
         per_fn[r.name] = arr
         weighted.append(np.float32(r.weight) * arr)
@@ -105,17 +115,6 @@ def compute_rewards(reward_fns: Sequence[WeightedReward], prompts: list[str], co
     all_none = np.all(np.isnan(stacked), axis=0)
     total = np.where(all_none, np.nan, np.nansum(stacked, axis=0)).astype(np.float32)
     return total, per_fn
-
-
-def _is_builtin(fn) -> bool:
-    """True for a reward function defined in grpo_jax, after unwrapping `__wrapped__` and partials."""
-    for _ in range(16):  # a wrapper chain, not a cycle
-        inner = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
-        if inner is None:
-            break
-        fn = inner
-    module = getattr(fn, "__module__", None) or ""
-    return module == "grpo_jax" or module.startswith("grpo_jax.")
 
 
 def _timeout_message(name: str, timeout_s: float, n: int, where: str) -> str:
@@ -129,7 +128,7 @@ def _interrupted(name: str, started: float) -> RewardInterrupted:
                              "should_stop() became true (SIGTERM or Ctrl-C); this batch has no rewards")
 
 
-def _call_in_thread(r: WeightedReward, prompts, completions, kwargs, timeout_s, should_stop):
+def _call_in_thread(r: WeightedReward, args, kwargs, n, timeout_s, should_stop):
     """r.fn in a daemon thread; waits in slices of _POLL_S so a stop request or the timeout is seen."""
     started = time.monotonic()
     if should_stop is not None and should_stop():
@@ -139,7 +138,7 @@ def _call_in_thread(r: WeightedReward, prompts, completions, kwargs, timeout_s, 
 
     def target():
         try:
-            box["value"] = r.fn(prompts, completions, **kwargs)
+            box["value"] = r.fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 -- re-raised on the caller's thread with the name
             box["error"] = e
         finally:
@@ -152,7 +151,7 @@ def _call_in_thread(r: WeightedReward, prompts, completions, kwargs, timeout_s, 
             raise _interrupted(r.name, started)
         if time.monotonic() >= deadline:
             raise RewardTimeoutError(_timeout_message(
-                r.name, timeout_s, len(completions),
+                r.name, timeout_s, n,
                 "it ran in a thread of the trainer, which cannot be killed and may still be running; set "
                 "train.verifier_workers > 0 to run reward functions in worker processes that are killed on "
                 "timeout"))
@@ -162,13 +161,13 @@ def _call_in_thread(r: WeightedReward, prompts, completions, kwargs, timeout_s, 
     return box["value"]
 
 
-def _call_in_worker(r: WeightedReward, pool, prompts, completions, fields, timeout_s, should_stop):
+def _call_in_worker(r: WeightedReward, pool, args, kwargs, n, timeout_s, should_stop):
     """r.fn in one of the pool's worker processes (pool.call), errors renamed after the function."""
     started = time.monotonic()
     if should_stop is not None and should_stop():
         raise _interrupted(r.name, started)
     try:
-        return pool.call(r.fn, (prompts, completions), {**fields, "pool": None}, timeout_s=timeout_s,
+        return pool.call(r.fn, args, kwargs, timeout_s=timeout_s,
                          should_stop=should_stop, poll_s=_POLL_S)
     except pickle.PicklingError as e:
         raise ValueError(
@@ -178,7 +177,7 @@ def _call_in_worker(r: WeightedReward, pool, prompts, completions, fields, timeo
             "closure or a notebook cell), or set train.verifier_workers=0 to run it in a thread") from e
     except pool_lib.CallTimeout as e:
         raise RewardTimeoutError(_timeout_message(
-            r.name, timeout_s, len(completions), "its worker process was killed and replaced")) from e
+            r.name, timeout_s, n, "its worker process was killed and replaced")) from e
     except pool_lib.CallInterrupted as e:
         raise _interrupted(r.name, started) from e
     except pool_lib.RemoteError as e:
@@ -323,5 +322,6 @@ class _Scheduled:
 
     def __call__(self, prompts, completions, *, step: int = 0, **fields):
         scale = self.schedule(step)
-        values = self.fn(prompts, completions, step=step, **fields)
+        offered = {"prompts": prompts, "completions": completions, **fields, "step": step}
+        values = calling.call_reward(self.__name__, self.fn, offered)
         return [None if v is None else scale * v for v in values]

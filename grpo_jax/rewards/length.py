@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from grpo_jax.rewards import calling
+
 
 def soft_overlong_penalty(completion_lengths: Sequence[int], *, max_len: int, cache_len: int) -> list[float]:
     """DAPO (Yu et al. 2025, eq. 13) soft overlong punishment, one value per completion, in [-1, 0].
@@ -56,7 +58,9 @@ def truncation_gated(fn):
     """Wraps a RewardFn so truncated completions (the trainer's `truncated` field) score 0.0."""
 
     def gated(prompts, completions, *, truncated, **fields):
-        return truncation_gate(fn(prompts, completions, truncated=truncated, **fields), truncated)
+        name = getattr(fn, "__name__", "reward")
+        offered = {"prompts": prompts, "completions": completions, **fields, "truncated": truncated}
+        return truncation_gate(calling.call_reward(name, fn, offered), truncated)
 
     gated.__name__ = f"truncation_gated_{getattr(fn, '__name__', 'reward')}"
     return gated

@@ -38,6 +38,20 @@ def task_options(name: str) -> list[str]:
     return [f.name for f in dataclasses.fields(TASKS[name]) if f.init]
 
 
+def describe_task_options() -> str:
+    """Every task's options with their defaults, one per line (for `train --help`)."""
+    lines = []
+    for name, cls in TASKS.items():
+        lines.append(f"  task.name={name}:")
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
+            lines.append(f"    task.options.{f.name} = {default!r}")
+    return "\n".join(lines)
+
+
 def make_task(name: str, **options) -> Task:
     """Builds the named task; unknown names and options raise ValueError listing what is allowed."""
     allowed = task_options(name)
@@ -68,6 +82,7 @@ __all__ = [
     "parse_equation",
     "plain_prompt",
     "r1_prompt",
+    "describe_task_options",
     "read_examples",
     "task_options",
 ]

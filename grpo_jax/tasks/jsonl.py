@@ -246,9 +246,17 @@ class AnswerChecker:
     eval_answer_location: str | None = None  # None: "lenient" when answer_location is "boxed", else the same
     approx_rtol: float = 0.0
     number_format: str = "en"
+    # Text questions as messages ([system?, user]) for the tokenizer's chat template: the same prompt
+    # format in training and in every evaluation of the run (JsonlTask's `chat`).
+    chat: bool = False
+    system_prompt: str | None = None
 
     def __post_init__(self):
         check_choice("template", self.template, TEMPLATES)
+        if not isinstance(self.chat, bool):
+            raise ValueError(f"chat={self.chat!r}: must be true, false or (JsonlTask) null for auto")
+        if self.system_prompt is not None and (not isinstance(self.system_prompt, str) or not self.system_prompt):
+            raise ValueError(f"system_prompt={self.system_prompt!r}: give the system text, or null for none")
         check_choice("answer_location", self.answer_location, ANSWER_LOCATIONS)
         if self.eval_answer_location is not None:
             check_choice("eval_answer_location", self.eval_answer_location, ANSWER_LOCATIONS)
@@ -278,6 +286,9 @@ class AnswerChecker:
         to its messages (a list of messages stays a list)."""
         instruction = location_instruction(self.answer_location, self.template)
         raw = record.get("prompt")
+        if not isinstance(raw, list) and self.chat:  # a text question, asked as a chat turn
+            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            raw = system + [{"role": "user", "content": record["question"]}]
         if isinstance(raw, list):
             prompt = apply_template_to_messages(self.template, raw, instruction)
         else:
@@ -330,6 +341,10 @@ class JsonlTask:
     eval_answer_format: str | None = None
     eval_fraction: float = 0.1
     format_weight: float = 0.5  # lambda on the r1 format reward; < 1 (seed Part 3)
+    # Text questions (training and held-out) as messages for the chat template: True, False, or None
+    # (auto: as the training file's rows are, messages when any is). One prompt format per run.
+    chat: bool | None = None
+    system_prompt: str | None = None  # with chat: a system message before each wrapped question
 
     _train: list[dict] = dataclasses.field(default_factory=list, init=False, repr=False)
     _eval: list[dict] = dataclasses.field(default_factory=list, init=False, repr=False)
@@ -345,11 +360,11 @@ class JsonlTask:
         check_choice("answer_format", self.answer_format, ANSWER_FORMATS)
         if self.eval_answer_format is not None:
             check_choice("eval_answer_format", self.eval_answer_format, ANSWER_FORMATS)
-        self._checker = AnswerChecker(self.template, self.answer_location, self.eval_answer_location,
-                                      self.approx_rtol, self.number_format)
         for field in ("question_field", "answer_field", "messages_field"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 raise ValueError(f"{field}={getattr(self, field)!r}: give a field name")
+        if self.chat is not None and not isinstance(self.chat, bool):
+            raise ValueError(f"chat={self.chat!r}: must be true, false or null (auto: as the training rows are)")
         if self.eval_path is not None and (not isinstance(self.eval_path, str) or not self.eval_path):
             raise ValueError(f"eval_path={self.eval_path!r}: give a data file or one of {sorted(EVAL_SETS)}")
         check_int_range("seed", self.seed, 0)
@@ -357,6 +372,9 @@ class JsonlTask:
         check_format_weight(self.format_weight)
         fields = Fields(self.question_field, self.answer_field, self.messages_field, self.answer_format)
         numbered = read_examples(self.path, fields)
+        chat = any(isinstance(r.get("prompt"), list) for _, r in numbered) if self.chat is None else self.chat
+        self._checker = AnswerChecker(self.template, self.answer_location, self.eval_answer_location,
+                                      self.approx_rtol, self.number_format, chat, self.system_prompt)
         records = [self.example(r) for _, r in numbered]
         where = [w for w, _ in numbered]
         if self.eval_path is not None:
@@ -385,6 +403,11 @@ class JsonlTask:
     def example(self, record: dict[str, Any]) -> dict:
         """A record of `read_examples` with its templated "prompt" (see `AnswerChecker.example`)."""
         return self._checker.example(record)
+
+    @property
+    def checker(self) -> AnswerChecker:
+        """How this run builds prompts and checks answers (`chat` resolved): what `eval` reuses."""
+        return self._checker
 
     @property
     def num_train(self) -> int:
