@@ -18,6 +18,11 @@ Safety rules, because a lost good checkpoint costs a whole run:
   loaded, so a wrong ``abstract_state`` (which makes every step fail) never moves anything.
   Moving it aside matters: the resumed run will reach that step number again and Orbax refuses
   to overwrite an existing step; it also stops the broken step counting toward ``max_to_keep``.
+- Every save records a fingerprint of each array (``grpo_jax.fingerprint``: two 32-bit sums over
+  its bit patterns, computed on the devices) in the meta item; a restore recomputes them on what
+  it read and treats any difference as a corrupt step, like a missing file: a flipped bit in an
+  array file is caught instead of training on. A step whose meta lacks the fingerprints, or a
+  field the caller requires (``required_meta``), is corrupt too.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from grpo_jax import fingerprint as fingerprint_lib
 from grpo_jax import run_paths
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,7 @@ CORRUPT_SUBDIR = "corrupt"
 # that file is broken (it logs an error), and so must we.
 _JSON_FILES = ("state/_METADATA", "meta/metadata")
 _MAX_CAUSE = 500  # characters of an error kept in a one-line cause
+FINGERPRINTS_KEY = "array_fingerprints"  # in the meta item; ``restore`` returns meta without it
 
 
 class CheckpointManager:
@@ -169,10 +176,16 @@ class CheckpointManager:
             raise TypeError(
                 f"checkpoint meta for step {step} must be JSON-serialisable (dict/list/str/int/float/bool/None): {e}"
             ) from e
+        if FINGERPRINTS_KEY in meta:
+            raise ValueError(f"checkpoint meta key {FINGERPRINTS_KEY!r} is reserved for the arrays' fingerprints")
         manager = self._open()
         if step in manager.all_steps():
             log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
             return False
+        if not manager.should_save(step) and not force:
+            return False
+        # Computed from the same device arrays Orbax copies to host, before the caller may donate them.
+        meta = {**meta, FINGERPRINTS_KEY: fingerprint_lib.tree_fingerprints(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         return bool(manager.save(step, args=args, force=force))
 
@@ -189,13 +202,16 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+    def restore(self, abstract_state: Any, step: int | None = None,
+                required_meta: tuple[str, ...] = ()) -> tuple[int, Any, dict]:
         """Returns ``(step, state, meta)``.
 
         abstract_state: the pytree to restore into, with ``jax.ShapeDtypeStruct`` leaves (give each
           a ``.sharding`` to restore sharded; ``jax.eval_shape`` of the init function works).
         step: a specific step (no fallback: if it fails, that error is raised), or None for the
           newest step that loads; newer ones that fail are named in a warning and moved aside.
+        required_meta: keys the meta must hold; a step without one of them is corrupt (it falls
+          back like a step whose arrays do not match their fingerprints).
         """
         if not self.directory.is_dir():
             raise FileNotFoundError(f"checkpoint directory {self.directory} does not exist")
@@ -212,13 +228,13 @@ class CheckpointManager:
                 raise FileNotFoundError(
                     f"checkpoint step {step} not found in {self.directory}; available steps: {steps}"
                 )
-            restored_state, meta = self._restore_step(manager, abstract_state, step)
+            restored_state, meta = self._restore_step(manager, abstract_state, step, required_meta)
             return step, restored_state, meta
 
         failures: list[tuple[int, str]] = []  # (step, its one-line cause), newest first
         for candidate in reversed(steps):
             try:
-                restored_state, meta = self._restore_step(manager, abstract_state, candidate)
+                restored_state, meta = self._restore_step(manager, abstract_state, candidate, required_meta)
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
                 failures.append((candidate, _one_line(e)))
                 continue
@@ -242,7 +258,7 @@ class CheckpointManager:
         )
 
     def _restore_step(self, manager: ocp.CheckpointManager, abstract_state: Any,
-                      step: int) -> tuple[Any, dict]:
+                      step: int, required_meta: tuple[str, ...]) -> tuple[Any, dict]:
         _check_json_files(self.directory / str(step))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         silence_abandoned_reads(self.directory)
@@ -252,6 +268,16 @@ class CheckpointManager:
         if not isinstance(meta, dict):
             raise ValueError(f"meta item of step {step} is {type(meta).__name__}, expected a JSON object")
         _check_restored_matches(abstract_state, restored["state"], step)
+        meta = dict(meta)
+        saved = meta.pop(FINGERPRINTS_KEY, None)
+        missing = ([] if isinstance(saved, dict) else [FINGERPRINTS_KEY]) + [k for k in required_meta if k not in meta]
+        if missing:
+            raise ValueError(f"{self.directory / str(step) / 'meta' / 'metadata'} lacks the field(s) {missing} "
+                             "(damaged, or written by a version of grpo_jax that did not verify checkpoints)")
+        bad = fingerprint_lib.mismatches(saved, fingerprint_lib.tree_fingerprints(restored["state"]))
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
         return restored["state"], meta
 
     def wait_until_finished(self) -> None:
@@ -306,8 +332,9 @@ def _check_json_files(step_dir: Path) -> None:
             raise ValueError(f"{file}: not valid JSON ({e})") from None
 
 
-# tensorstore appends its whole JSON spec, and absl its source locations, to an error message.
-_NOISE = re.compile(r"\s*\[(tensorstore_spec|source locations)(\[\d+\])?=.*$")
+# tensorstore appends its whole JSON spec, and absl its source locations, to an error message;
+# Orbax a pointer to a bound method's repr.
+_NOISE = re.compile(r"\s*(\[(tensorstore_spec|source locations)(\[\d+\])?=|See full TensorStore details: <bound).*$")
 
 
 def _one_line(err: Exception) -> str:

@@ -261,6 +261,31 @@ class Diagnostics:
                 "check the field names it reads against the data's keys and what makes it return None",
         )
 
+    # -- the window, saved with the run state ---------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What the checks remember, as JSON: a resumed run given it (``load_state_dict``) warns at
+        the same steps as a run that never stopped. Bounded: each metric keeps its first ``window``
+        values (the starting level) and its last ``2 * window + 1`` (the longest look back, a
+        window ``offset`` one window back; the KL and jitter checks read ``window + 1``); no check
+        reads a history's length beyond ``2 * window``, so the cut changes no warning."""
+        w = self.t.window
+        keep = 3 * w + 1
+        history = {k: v if len(v) <= keep else v[:w] + v[-(2 * w + 1):] for k, v in self._history.items()}
+        return {
+            "history": history,
+            "evals": [list(e) for e in self._evals[-self.t.hack_evals:]],
+            "episodes": {k: [e.active, e.clear_count] for k, e in self._episodes.items()},
+            "nan_run": dict(self._nan_run),
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restores what ``state_dict`` returned (a checkpoint's ``diagnostics`` meta field)."""
+        self._history = {k: [float(x) for x in v] for k, v in state["history"].items()}
+        self._evals = [(int(s), float(a), float(r)) for s, a, r in state["evals"]]
+        self._episodes = {k: _Episode(bool(a), int(c)) for k, (a, c) in state["episodes"].items()}
+        self._nan_run = {k: int(v) for k, v in state["nan_run"].items()}
+
     # -- public ----------------------------------------------------------------------------------
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[str]:

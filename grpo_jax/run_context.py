@@ -50,6 +50,8 @@ class RunState:
     # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
     # into, which is also the reference. None otherwise.
     base_params: Any | None = None
+    # The diagnostics' window restored from a checkpoint (`Diagnostics.state_dict`), else None.
+    diagnostics: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
