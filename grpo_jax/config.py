@@ -68,6 +68,10 @@ class ModelSection:
     lora_target_modules: tuple[str, ...] = ("all-linear",)
     lora_init: Literal["kaiming", "gaussian"] = "kaiming"
     lora_base_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Bounds on rendering the tokenizer's chat template (it comes with the checkpoint: untrusted
+    # code; grpo_jax.chat_template_bounds): wall time and characters, output and any value built.
+    chat_template_max_seconds: float = 2.0
+    chat_template_max_chars: int = 4_000_000
 
     def tokenizer_spec(self) -> str:
         """The tokenizer this model uses: `tokenizer`, else `hf_path`'s, else the demo's."""
@@ -393,6 +397,14 @@ def validate(config: Config) -> None:
         )
     if g.eps_high is not None and g.eps_high < 0:
         raise ConfigError(f"grpo.eps_high={g.eps_high} must be >= 0 or None")
+    if not g.eps_low < 1:  # the clip range is [1 - eps_low, 1 + eps_high]: its floor must stay above 0
+        raise ConfigError(f"grpo.eps_low={g.eps_low} must be in [0, 1) (the ratio is clipped to 1 - eps_low "
+                          "from below; PPO and GRPO use 0.1-0.3)")
+    for key, value in (("optim.b1", o.b1), ("optim.b2", o.b2)):
+        if not 0 <= value < 1:  # Adam's moving averages: 1 or more never forgets or diverges
+            raise ConfigError(f"{key}={value} must be in [0, 1) (Adam's decay rates; usual: b1 0.9, b2 0.99-0.999)")
+    _positive("model.chat_template_max_seconds", m.chat_template_max_seconds)
+    _positive("model.chat_template_max_chars", m.chat_template_max_chars)
     if s.temperature <= 0:
         raise ConfigError(f"sampling.temperature={s.temperature} must be > 0 (use eval.greedy for argmax)")
     if not 0 < s.top_p <= 1:

@@ -23,6 +23,7 @@ from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_paths
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
+from grpo_jax.chat_template_bounds import RenderLimits
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
 from grpo_jax.tasks import make_task
@@ -253,10 +254,13 @@ def configured_tokenizer(config: config_lib.Config):
     or a missing path is a ConfigError naming the field."""
     spec = config.model.tokenizer_spec()
     try:
-        return load_tokenizer(spec)
+        tokenizer = load_tokenizer(spec)
     except (ValueError, FileNotFoundError, OSError) as e:
         field = "model.tokenizer" if config.model.tokenizer else "model.hf_path (its tokenizer)"
         raise config_lib.ConfigError(f"{field}={spec!r}: {e}") from None
+    tokenizer.chat_template_limits = RenderLimits(max_seconds=config.model.chat_template_max_seconds,
+                                                  max_chars=config.model.chat_template_max_chars)
+    return tokenizer
 
 
 def configured_task(config: config_lib.Config):

@@ -31,6 +31,8 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "samples.jsonl", "tensorboard", "pl
 # optimizer setting) changes the run's meaning.
 OPERATIONAL_FIELDS = (
     "eval.",
+    "model.chat_template_max_seconds",
+    "model.chat_template_max_chars",
     "mesh.",
     "sampling.threads",
     "train.run_dir",
