@@ -131,3 +131,19 @@ def test_task_tokenizer_and_mesh_errors_are_config_errors_with_status_2(tmp_path
     assert "Traceback" not in proc.stderr
     for w in words:
         assert w in proc.stderr, (w, proc.stderr[-1000:])
+
+
+@pytest.mark.parametrize("override, words", [
+    # Issue 30: accepted before. eps_low=5 clips the ratio from below at 1 - 5 = -4 (never binds), and
+    # Adam with b1=2 multiplies its momentum by 2 every step (diverges); b2=1 never forgets.
+    ("grpo.eps_low=5", ["grpo.eps_low=5", "[0, 1)", "1 - eps_low"]),
+    ("optim.b1=2", ["optim.b1=2", "[0, 1)", "b1 0.9"]),
+    ("optim.b2=1", ["optim.b2=1", "[0, 1)"]),
+    ("optim.b1=-0.1", ["optim.b1=-0.1", "[0, 1)"]),
+    ("model.chat_template_max_seconds=0", ["model.chat_template_max_seconds=0", "> 0"]),
+])
+def test_clip_epsilon_and_adam_betas_are_range_checked(override, words):
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), [override])
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
