@@ -271,20 +271,33 @@ def configured_task(config: config_lib.Config):
         raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
 
 
-def split_devices(config: config_lib.Config) -> tuple[list, list]:
-    """(the trainer's devices, the sampler's): the last `mesh.rollout_devices` devices sample."""
-    devices, r = jax.devices(), config.mesh.rollout_devices
+def split_devices(config: config_lib.Config, devices: list | None = None) -> tuple[list, list]:
+    """(the trainer's devices, the sampler's) of `devices` (default: all): the last
+    `mesh.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
+    not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
+    and `check` both call this, so they refuse the same configs with the same words)."""
+    devices = list(jax.devices() if devices is None else devices)
+    r, g, staleness = config.mesh.rollout_devices, config.grpo, config.train.max_staleness
     if r and r >= len(devices):
         raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
                                      f"{jax.default_backend()} devices)")
+    if staleness and jax.process_count() > 1:
+        raise config_lib.ConfigError(
+            f"train.max_staleness={staleness} runs in one process; this run has "
+            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
+    rows = g.prompts_per_step * g.num_generations
+    if r and rows % r:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
+            f"mesh.rollout_devices={r}")
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
 
-def configured_mesh(config: config_lib.Config):
-    """The (data, fsdp, tensor) mesh over the trainer's devices (every device unless
-    `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
+def configured_mesh(config: config_lib.Config, devices: list | None = None):
+    """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
+    all, unless `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
-    devices, _ = split_devices(config)
+    devices, _ = split_devices(config, devices)
     try:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     except ValueError as e:
@@ -302,19 +315,10 @@ def rollout_placement(config: config_lib.Config, graphdef, model_config, tokeniz
     only: the rollout thread's gathers would interleave with the trainer's across processes."""
     if config.train.max_staleness == 0:
         return None
-    if jax.process_count() > 1:
-        raise config_lib.ConfigError(
-            f"train.max_staleness={config.train.max_staleness} runs in one process; this run has "
-            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
-    _, rollout_devices = split_devices(config)
+    _, rollout_devices = split_devices(config)  # its refusals ran in configured_mesh already
     if not rollout_devices:
         return RolloutPlacement(sampler=sampler, mesh=mesh, split=False,
                                 param_shardings=sharding.param_shardings(mesh, params))
-    rows = config.grpo.prompts_per_step * config.grpo.num_generations
-    if rows % len(rollout_devices):
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
-            f"mesh.rollout_devices={len(rollout_devices)}")
     # The sampler's mesh: rows over its devices, each holding the whole weights (as a data-parallel
     # inference server does).
     rollout_mesh = sharding.make_mesh(len(rollout_devices), 1, 1, devices=rollout_devices)
