@@ -7,11 +7,13 @@ and an unknown key or a bad value is a `ConfigError` naming the key, the value a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
 import os
+import traceback
 import types
 import typing
 from typing import Any, Literal
@@ -597,6 +599,23 @@ def describe_fields() -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _config_file_errors(path: str):
+    """A config file that does not parse or raises: one ConfigError line with its file and line
+    (a syntax error's own, else the deepest frame in that file), not a traceback through importlib."""
+    try:
+        yield
+    except SyntaxError as e:
+        raise ConfigError(f"{path}, line {e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's file raised, named with its line
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f"{path}, line {frames[-1].lineno}" if frames else path
+        hint = ""
+        if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+            hint = " (an unknown field: `python -m grpo_jax train --help` lists every section's fields)"
+        raise ConfigError(f"{where}: {type(e).__name__}: {e}{hint}") from None
+
+
 def load_config_file(path: str | os.PathLike) -> Config:
     """Imports a config file and calls its `get_config()`."""
     path = os.fspath(path)
@@ -604,10 +623,12 @@ def load_config_file(path: str | os.PathLike) -> Config:
         raise ConfigError(f"config file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the user's own config file, not model output
+    with _config_file_errors(path):
+        spec.loader.exec_module(module)  # the user's own config file, not model output
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} has no get_config() function")
-    config = module.get_config()
+    with _config_file_errors(path):
+        config = module.get_config()
     if not isinstance(config, Config):
         raise ConfigError(
             f"{path}: get_config() returned {type(config).__name__}, expected grpo_jax.config.Config"
