@@ -391,8 +391,12 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     # every resume. Counted as the rollout encodes prompts.
     check_lengths = getattr(task, "check_prompt_lengths", None)
     if check_lengths is not None:
-        check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
-                      config.task.overlong_prompts)
+        try:
+            check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
+                          config.task.overlong_prompts)
+        except ValueError as e:  # the data's own problem, named with file and line: exit 2, one line
+            text = str(e).replace("(on_overlong='skip')", "(task.overlong_prompts=skip)")
+            raise config_lib.ConfigError(f"task.overlong_prompts={config.task.overlong_prompts}: {text}") from None
     mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)

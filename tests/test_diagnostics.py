@@ -214,3 +214,18 @@ def test_a_resumed_run_warns_at_the_same_steps_as_a_straight_one(stop_at):
     assert before + after == straight
     # Bounded: 3 * window + 1 values per metric, however long the run.
     assert max(len(v) for v in saved["history"].values()) <= 31
+
+
+def test_every_advantage_zero_with_unequal_rewards_says_the_rewards_overflow():
+    # Issue 30: a reward of 1e30 trained on advantages of 0 silently. In float32 the group's squared
+    # deviations (1e60) overflow, its std is inf, and every (r - mean) / inf is 0, while the groups'
+    # rewards do differ (frac_reward_zero_std 0.25 < 1): not the equal-rewards case.
+    diag = Diagnostics()
+    vanished = {"reward": 5e29, "frac_reward_zero_std": 0.25, "advantages/min": -0.0, "advantages/max": 0.0}
+    (message,) = diag.update(1, vanished)
+    assert message.startswith("[step 1] advantages_all_zero: every advantage is 0 although 75% of groups")
+    assert "scale the reward functions' outputs" in message
+    assert diag.update(2, vanished) == []  # one warning per episode
+    # All groups with equal rewards also give zero advantages: that is high_zero_variance's case.
+    assert Diagnostics().update(1, {**vanished, "frac_reward_zero_std": 1.0}) == []
+    assert Diagnostics().update(1, {**vanished, "advantages/max": 0.7}) == []

@@ -244,6 +244,21 @@ def test_damaged_latest_checkpoint_falls_back_and_the_run_equals_a_straight_one(
     assert meta["diagnostics"]["history"]["reward"] == [straight_rows[s]["reward"] for s in range(1, 7)]
 
 
+def test_a_reward_of_1e30_warns_that_every_advantage_is_zero(tmp_path, caplog):
+    # Issue 30: before, the run trained on advantages of 0 without a word.
+    class HugeSevens(SevensTask):
+        def reward_fns(self):
+            return [RewardSpec("sevens", lambda p, c, **kw: [1e30 * r for r in sevens_reward(p, c)], 1.0)]
+
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0))
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.diagnostics"):
+        result = train.run(cfg, task=HugeSevens())
+    assert result.history[0]["advantages/max"] == result.history[0]["advantages/min"] == 0.0
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.diagnostics"]
+    assert warning.startswith("[step 1] advantages_all_zero: every advantage is 0 although")
+
+
 def test_every_grpo_option_runs_and_reports(tmp_path):
     """DAPO dynamic sampling, mu=2 with recomputed pi_old, accumulation, token aggregation, clip-higher,
     batch-std advantages, truncation masking, bf16 reference with resync, HF export: all in one run."""
