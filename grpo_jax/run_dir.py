@@ -12,6 +12,9 @@ means refuse (with the list of differences) unless `--allow-config-change`; oper
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import tempfile
 import logging
 from typing import Any
 
@@ -108,10 +111,13 @@ def is_operational(key: str) -> bool:
 def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool,
             allow_config_change: bool, primary: bool) -> None:
     """Checks `run_dir` for this run (RunDirError naming what to do), and with `overwrite` removes
-    the previous run's files. Nothing is written here; config.json is written by the caller once
+    the previous run's files. Nothing is written here (a local run_dir is probed for writing with a
+    temporary file); config.json is written by the caller once
     the run has started from its state."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    if primary and run_paths.is_local(run_dir):
+        check_writable(run_dir)
     found = previous_run(run_dir)
     if found and not resume:
         if not overwrite:
@@ -130,6 +136,26 @@ def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool
             log.warning("--overwrite: removed the previous run in %s (%s)", run_dir, ", ".join(found))
     if resume:
         check_resumed_config(config, run_dir, allow_config_change=allow_config_change)
+
+
+def check_writable(run_dir) -> None:
+    """A local run_dir (or, before it exists, its nearest existing parent) must be a directory this
+    process can create files in: otherwise one RunDirError line now, not a traceback at the first
+    write. Probed with a temporary file that is removed at once (permissions alone do not say:
+    root ignores them, a read-only mount does not)."""
+    path = pathlib.Path(os.fspath(run_dir)).absolute()
+    probe_dir = path
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        which = "is a file" if probe_dir == path else f"is inside {probe_dir}, which is a file"
+        raise RunDirError(f"train.run_dir={run_dir} {which}, not a directory; set train.run_dir to a directory path")
+    try:
+        with tempfile.TemporaryFile(dir=probe_dir):
+            pass
+    except OSError as e:
+        raise RunDirError(f"train.run_dir={run_dir}: cannot create files in {probe_dir} ({e.strerror}); choose a "
+                          "writable directory or fix its permissions") from None
 
 
 def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_change: bool) -> None:
