@@ -42,6 +42,11 @@ import numpy as np
 
 log = logging.getLogger("grpo_jax")
 
+def _no_run_dir(run_dir) -> str:
+    return (f"--checkpoint {run_dir}: no such directory; give the train.run_dir of a training run "
+            "(it holds checkpoints/ and config.json)")
+
+
 # Where the trainer keeps a run's checkpoints and what their "state" item holds
 # (run_state.ckpt_dir_of, checkpoint.CheckpointManager.save, run_state._checkpoint_state).
 _CHECKPOINTS, _STATE_ITEM, _PARAMS_KEY = "checkpoints", "state", "params"
@@ -93,6 +98,8 @@ def eval_config(args: argparse.Namespace):
         base = config_lib.load_config_file(args.config)
     elif args.checkpoint:
         path = os.path.join(args.checkpoint, "config.json")
+        if not os.path.isdir(args.checkpoint):
+            raise config_lib.ConfigError(_no_run_dir(args.checkpoint))
         if not os.path.isfile(path):
             raise config_lib.ConfigError(f"--checkpoint {args.checkpoint}: no config.json there; give --config FILE")
         try:
@@ -205,6 +212,8 @@ def restore_params(run_dir: str, abstract_params, step: int | None = None) -> tu
     from grpo_jax import config as config_lib
 
     directory = pathlib.Path(run_dir).expanduser().absolute() / _CHECKPOINTS
+    if not os.path.isdir(run_dir):
+        raise config_lib.ConfigError(_no_run_dir(run_dir))
     if not directory.is_dir():
         raise config_lib.ConfigError(f"--checkpoint {run_dir}: no checkpoints directory {directory}")
     # Orbax writes a step into a temporary directory and renames it to the step number when complete.
