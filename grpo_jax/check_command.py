@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -41,6 +42,7 @@ import sys
 import time
 
 EXIT_CONFIG, EXIT_TOO_BIG = 2, 3
+_MANY_LAYERS = 256  # more than any public model (Llama 3.1 405B: 126); building them takes minutes
 _CHILD_ENV = "GRPO_CHECK_FAKE_DEVICES"  # set in the re-executed child: do not re-exec again
 
 # --model-shape presets: the shape fields of each model's public Hugging Face config.json
@@ -463,6 +465,11 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
 
     g, c = config.grpo, config.sampling.max_new_tokens
     model_config, source, stop_ids, pad_id = resolve_shape(config, model_shape)
+    if model_config.num_layers > _MANY_LAYERS:  # not silent for minutes: say what is slow and why
+        logging.getLogger("grpo_jax").warning(
+            "check: %d layers (from %s): the abstract build takes ~0.07 s a layer on a CPU, and compiling the "
+            "programs much longer, so this check runs for minutes; --no-compile gives the state figures sooner",
+            model_config.num_layers, source)
     all_devices = jax.devices()
     n = devices or len(all_devices)
     if n > len(all_devices):

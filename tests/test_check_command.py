@@ -288,3 +288,23 @@ def test_check_shows_the_rollout_device_split(tmp_path):
     assert f["rollout_devices"] == {"devices": 4, "rows_per_device": 32, "snapshot_bytes_per_device": 4 * num_params,
                                     "kv_cache_bytes_per_device": 32 * 13 * 2 * 2 * 4 * 32 * 4}
     assert "mesh data=4 fsdp=1 tensor=1 over the trainer's 4; rollouts on 4 more device(s) of their own" in proc.stdout
+
+
+def test_a_very_deep_model_says_at_once_that_the_check_takes_minutes(monkeypatch, caplog):
+    # Issue 30: `check` with 10,000 layers was silent for minutes (1,000 layers: 68 s without
+    # compiling on a 2-core CPU). The line comes before the slow build, which is stopped here.
+    import logging
+
+    from grpo_jax import check_command
+    from grpo_jax import config as config_lib
+
+    def stop(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check_command, "abstract_state", stop)
+    config = config_lib.apply_overrides(config_lib.load_config_file(ROOT / "configs/arith_cpu.py"),
+                                        ["model.num_layers=10000"])
+    with caplog.at_level(logging.WARNING, logger="grpo_jax"), pytest.raises(KeyboardInterrupt):
+        check_command.check(config, compile_programs=False)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("check: 10000 layers (from the config's model.* fields): ") and "minutes" in line
