@@ -118,6 +118,8 @@ def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     if primary and run_paths.is_local(run_dir):
         check_writable(run_dir)
+    elif not run_paths.is_local(run_paths.as_path(run_dir)):
+        check_reachable(run_dir)
     found = previous_run(run_dir)
     if found and not resume:
         if not overwrite:
@@ -156,6 +158,44 @@ def check_writable(run_dir) -> None:
     except OSError as e:
         raise RunDirError(f"train.run_dir={run_dir}: cannot create files in {probe_dir} ({e.strerror}); choose a "
                           "writable directory or fix its permissions") from None
+
+
+# Object-storage schemes and the fsspec package etils.epath reads them with (pip extras of grpo_jax).
+_STORAGE_PACKAGES = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None)}
+STORAGE_PROBE_S = 30.0  # gcsfs alone retries an unreachable endpoint for ~120 s before it gives up
+
+
+def check_reachable(run_dir, timeout_s: float = STORAGE_PROBE_S) -> None:
+    """An object-storage run_dir: one look at it (does it exist?) within `timeout_s`, in a daemon
+    thread, so that a missing client package or an unreachable bucket is one RunDirError line in
+    seconds, not 120 s of retries and 300 lines of tracebacks."""
+    import threading
+
+    path = run_paths.as_path(run_dir)
+    scheme = os.fspath(path).split("://", 1)[0]
+    result: dict[str, Any] = {}
+
+    def look():
+        try:
+            result["exists"] = path.exists()
+        except BaseException as e:  # noqa: BLE001 - reported below, in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=look, name="grpo_jax storage probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RunDirError(f"train.run_dir={run_dir}: no answer from {scheme}:// within {timeout_s:g} s; check the "
+                          "network, the bucket's name and your credentials (gcloud auth application-default login)")
+    error = result.get("error")
+    if isinstance(error, ImportError):
+        package, extra = _STORAGE_PACKAGES.get(scheme, ("an fsspec backend", None))
+        how = f"pip install 'grpo_jax[{extra}]'" if extra else f"pip install {package}"
+        raise RunDirError(f"train.run_dir={run_dir} needs {package} to reach {scheme}:// ({how})")
+    if error is not None:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise RunDirError(f"train.run_dir={run_dir}: cannot reach it ({type(error).__name__}: {first}); check the "
+                          "bucket's name, your credentials and the network")
 
 
 def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_change: bool) -> None:
