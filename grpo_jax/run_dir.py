@@ -57,7 +57,11 @@ OPERATIONAL_FIELDS = (
 
 # Fields that set what a checkpoint holds: a changed value cannot restore it (even with
 # --allow-config-change), and trying would set the good checkpoints aside as corrupt.
-CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness",)
+CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness", "model.vocab_size", "model.hidden_size",
+                            "model.intermediate_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
+                            "model.head_dim", "model.tie_embeddings", "model.qkv_bias", "model.qk_norm",
+                            "model.lora_r", "model.lora_target_modules")
+_LAYOUT_WHAT = {"train.max_staleness": "the parameter snapshots of in-flight rollouts"}
 
 
 class RunDirError(ValueError):
@@ -211,12 +215,16 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
     diffs = config_differences(saved, config_lib.to_dict(config))
     # (A config written before the field existed ran with its default, 0.)
-    layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]]
+    # The model.* shape fields are ignored when a checkpoint (model.hf_path) gives the shape.
+    from_hf = bool(config.model.hf_path) and bool(saved.get("model", {}).get("hf_path"))
+    layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]
+              and not (from_hf and d[0].startswith("model.") and not d[0].startswith("model.lora"))]
     if layout:
         key, old, new = layout[0]
         raise RunDirError(
             f"--resume: {key} changed {old!r} -> {new!r}, and it sets what the run's checkpoints hold (the "
-            f"parameter snapshots of in-flight rollouts); resume with {key}={old!r}, or start a new train.run_dir")
+            f"{_LAYOUT_WHAT.get(key, 'shapes of the saved weights and Adam state')}); resume with {key}={old!r}, or "
+            "start a new train.run_dir")
     meaningful = [d for d in diffs if not is_operational(d[0])]
     for key, old, new in diffs:
         if is_operational(key):

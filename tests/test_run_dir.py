@@ -144,3 +144,27 @@ def test_a_run_dir_that_is_a_file_or_unwritable_is_one_line_before_anything_runs
     assert proc.stderr.strip().splitlines()[-1] == (f"run directory error: train.run_dir={file} is a file, not a "
                                                     "directory; set train.run_dir to a directory path")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_changed_model_shape_is_refused_on_resume_even_with_allow_config_change(tmp_path):
+    # Issue 30: `--resume --allow-config-change` with a new model.hidden_size tried every checkpoint
+    # (each failed on the shapes), then stopped with a 27-line traceback, exit 1, and printed asyncio's
+    # "exception was never retrieved" blocks. Now one line, exit 2, before anything is built.
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = [sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py", "--set",
+            f"train.run_dir={tmp_path}", "--set", "train.steps=4", "--set", "train.checkpoint_every=1", "--set",
+            "eval.every=0"]
+    first = subprocess.run(base + ["--set", "train.stop_after_steps=1"], capture_output=True, text=True,
+                           cwd=root, timeout=600)
+    assert first.returncode == 75, first.stderr[-2000:]
+    proc = subprocess.run(base + ["--set", "model.hidden_size=64", "--resume", "--allow-config-change"],
+                          capture_output=True, text=True, cwd=root, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "run directory error: --resume: model.hidden_size changed 128 -> 64, and it sets what the run's checkpoints "
+        "hold (the shapes of the saved weights and Adam state); resume with model.hidden_size=128, or start a new "
+        "train.run_dir")
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr
