@@ -28,6 +28,7 @@ Safety rules, because a lost good checkpoint costs a whole run:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -55,6 +56,11 @@ CORRUPT_SUBDIR = "corrupt"
 _JSON_FILES = ("state/_METADATA", "meta/metadata")
 _MAX_CAUSE = 500  # characters of an error kept in a one-line cause
 FINGERPRINTS_KEY = "array_fingerprints"  # in the meta item; ``restore`` returns meta without it
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a lost bucket): one line with the step, the
+    directory and what to do; the steps already on disk are untouched."""
 
 
 class CheckpointManager:
@@ -99,6 +105,7 @@ class CheckpointManager:
         # The Orbax manager is opened lazily: opening creates the directory, and a restore from a
         # mistyped path must fail with that path rather than silently create an empty one.
         self._manager: ocp.CheckpointManager | None = None
+        self._failed: CheckpointWriteError | None = None  # a save that could not be written, once raised
         if self.directory.is_dir():
             self._open()
 
@@ -115,7 +122,36 @@ class CheckpointManager:
             )
             with self._quiet_orbax():  # it reads every step's metadata, broken or not
                 self._manager = ocp.CheckpointManager(self.directory, options=options)
+            # A failed background save (a full disk) makes Orbax log an ERROR with a traceback from
+            # each of its threads, and leaves abandoned writes that print more at exit; `save` and
+            # `wait_until_finished` report it once, as a CheckpointWriteError.
+            logging.getLogger("absl").addFilter(self._save_noise)
+            silence_abandoned_reads(self.directory)
         return self._manager
+
+    def _save_noise(self, record: logging.LogRecord) -> bool:
+        """absl filter while the manager is open: False (drop, to this module's DEBUG log) for Orbax's
+        ERROR records about a save into this directory."""
+        if record.levelno < logging.ERROR:
+            return True
+        where = str(self.directory)
+        exc = record.exc_info[1] if record.exc_info else None
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC  # its text names no file
+        if where not in record.getMessage() and (exc is None or where not in str(exc)) and not full:
+            return True
+        log.debug("Orbax save: %s", record.getMessage()[:_MAX_CAUSE])
+        return False
+
+    def _write_error(self, err: Exception, step: int | None) -> CheckpointWriteError:
+        text = str(err)
+        which = f"step {step}" if step is not None else "a step"
+        if "No space left on device" in text or "os_error_code='28'" in text:
+            cause = ("no space left on the device. Free space there (or set train.run_dir on a bigger disk) and "
+                     "run again with --resume: the checkpoints already written are kept")
+        else:
+            cause = _one_line(err)
+        self._failed = CheckpointWriteError(f"checkpoint {which} could not be written to {self.directory}: {cause}")
+        return self._failed
 
     @contextlib.contextmanager
     def _quiet_orbax(self, step: int | None = None) -> Iterator[None]:
@@ -187,7 +223,12 @@ class CheckpointManager:
         # Computed from the same device arrays Orbax copies to host, before the caller may donate them.
         meta = {**meta, FINGERPRINTS_KEY: fingerprint_lib.tree_fingerprints(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        return bool(manager.save(step, args=args, force=force))
+        try:  # Orbax raises an earlier background save's failure here, or this one's when synchronous
+            return bool(manager.save(step, args=args, force=force))
+        except (OSError, ValueError, RuntimeError) as e:
+            if isinstance(e, CheckpointWriteError):
+                raise
+            raise self._write_error(e, step) from None
 
     def all_steps(self) -> list[int]:
         """Steps on disk, oldest first (not checked for integrity; ``restore`` does that)."""
@@ -280,17 +321,33 @@ class CheckpointManager:
             raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
         return restored["state"], meta
 
+    @property
+    def failed(self) -> bool:
+        """Whether a save could not be written (and was reported): later saves are not attempted."""
+        return self._failed is not None
+
     def wait_until_finished(self) -> None:
-        """Blocks until any asynchronous save has been written and committed."""
-        if self._manager is not None:
+        """Blocks until any asynchronous save has been written and committed; a save that failed
+        raises CheckpointWriteError (once: later calls return, the failure was reported)."""
+        if self._manager is None:
+            return
+        try:
             self._manager.wait_until_finished()
+        except (OSError, ValueError, RuntimeError) as e:
+            if self._failed is not None:
+                return
+            raise self._write_error(e, None) from None
 
     def close(self) -> None:
         """Waits for pending saves and releases Orbax's background resources."""
         if self._manager is not None:
-            self._manager.wait_until_finished()
-            self._manager.close()
-            self._manager = None
+            try:
+                self.wait_until_finished()
+            finally:
+                with contextlib.suppress(Exception):  # after a failed save Orbax's close re-raises it
+                    self._manager.close()
+                self._manager = None
+                logging.getLogger("absl").removeFilter(self._save_noise)
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -374,7 +431,9 @@ def _abandoned_read(unraisable: Any) -> bool:
         return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
     code = getattr(obj, "cr_code", None)
     closed = isinstance(exc, GeneratorExit) or isinstance(getattr(exc, "__cause__", None), GeneratorExit)
-    return closed and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+    # An abandoned write of a failed save, finalised while the interpreter shuts down.
+    shutting_down = isinstance(exc, ImportError) and "shutting down" in str(exc)
+    return (closed or shutting_down) and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 class _UnraisableFilter:

@@ -320,8 +320,8 @@ class _Loop:
     def save_on_error(self) -> None:
         """After an error: the last finished step, if it is not saved yet and is finite."""
         state = self.state
-        if state is None or state.step == 0 or state.step == self.saved_step:
-            return
+        if state is None or state.step == 0 or state.step == self.saved_step or self.ckpt.failed:
+            return  # (a checkpoint that could not be written, a full disk, would fail again)
         try:
             self.save(state)
             self.ckpt.wait_until_finished()
