@@ -356,6 +356,25 @@ class CheckpointManager:
         self.close()
 
 
+def verify_partial_restore(step_dir: Path, tree: Any) -> None:
+    """For a reader that restores part of a step (eval's params only): ValueError unless the
+    step's meta has fingerprints and every leaf of ``tree`` (keyed from the state's root, e.g.
+    ``{"params": ...}``) matches its saved one."""
+    file = Path(os.fspath(step_dir)) / "meta" / "metadata"
+    try:
+        saved = json.loads(file.read_bytes()).get(FINGERPRINTS_KEY)
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{file}: cannot read the step's meta ({_one_line(e)})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{file} lacks the field(s) ['{FINGERPRINTS_KEY}'] (damaged, or written by a version of "
+                         "grpo_jax that did not verify checkpoints)")
+    read = fingerprint_lib.tree_fingerprints(tree)
+    bad = fingerprint_lib.mismatches({k: saved[k] for k in read if k in saved}, read)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
+
+
 def _check_restored_matches(abstract_state: Any, restored: Any, step: int) -> None:
     """Raises ValueError when a restored leaf's shape or dtype differs from the requested one."""
     paths_abstract, _ = jax.tree_util.tree_flatten_with_path(abstract_state)

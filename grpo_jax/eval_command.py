@@ -238,6 +238,7 @@ def restore_params(run_dir: str, abstract_params, step: int | None = None) -> tu
                     args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True))
                 params = restored[_PARAMS_KEY]
                 _check_like(abstract_params, params)
+                checkpoint_lib.verify_partial_restore(directory / str(candidate), {_PARAMS_KEY: params})
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
                 cause = (str(e).strip().splitlines() or [repr(e)])[0][:300]
                 failures.append(f"step {candidate} ({directory / str(candidate)}): {type(e).__name__}: {cause}")

@@ -445,3 +445,25 @@ def test_a_full_disk_stops_the_run_with_one_line(tmp_path):
         in lines[-1]), lines[-1]
     assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr
     assert not [line for line in lines if " ERROR " in line or "saved step" in line], lines
+
+
+def test_eval_reads_only_params_that_match_their_fingerprints(tmp_path, caplog):
+    # `eval --checkpoint` restores the params alone (Orbax's partial restore) and verifies them the
+    # same way: a flipped bit in step 2's params falls back to step 1 with one warning.
+    from grpo_jax import eval_command
+
+    states = {s: {"params": {"big_DxF": _incompressible(s)}, "opt_state": {"mu": jnp.zeros(3)}} for s in (1, 2)}
+    ckpt = CheckpointManager(tmp_path / "checkpoints", async_save=False)
+    for s, st in states.items():
+        ckpt.save(s, st, {"data_position": s})
+    ckpt.close()
+    target = _largest_array_file(tmp_path / "checkpoints" / "2")
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        step, params = eval_command.restore_params(str(tmp_path), _abstract(states[1]["params"]))
+    assert step == 1
+    _assert_trees_equal(params, states[1]["params"])
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "step 2" in warning and "array data changed on disk since the save: leaf ['params']['big_DxF']" in warning
