@@ -92,6 +92,7 @@ def main(argv=None) -> int:
         if verdict.action == "refuse":
             return 2
     from grpo_jax import report
+    from grpo_jax.checkpoint import CheckpointWriteError
     from grpo_jax.run_dir import RunDirError
 
     try:
@@ -103,10 +104,37 @@ def main(argv=None) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except (CheckpointWriteError, OSError) as e:
+        return _storage_failure(e)
     if result.stopped_by:
         print(f"stopped at step {result.step} ({result.stopped_by}); continue with --resume", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def _storage_failure(error: BaseException) -> int:
+    """A checkpoint that could not be written, or a full disk: one line, then exit 1 at once. Not
+    through the interpreter's shutdown: Orbax's abandoned writes and the writers' atexit handlers
+    (TensorBoard's) would print a traceback each on the same full disk."""
+    import errno
+
+    chain, e = [], error
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__context__
+    from grpo_jax.checkpoint import CheckpointWriteError
+
+    written = next((c for c in chain if isinstance(c, CheckpointWriteError)), None)
+    full = next((c for c in chain if isinstance(c, OSError) and c.errno == errno.ENOSPC), None)
+    if written is None and full is None:
+        raise error
+    line = (f"checkpoint error: {written}" if written is not None else
+            f"disk full: {full} (free space there, or set train.run_dir on a bigger disk; then --resume)")
+    print(line, file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: not finished, safe to run again (with --resume)

@@ -17,7 +17,8 @@ extension (`{% break %}`, `{% continue %}`) and `{% generation %}` blocks (rende
 transformers uses them for assistant masks). Globals: `raise_exception(message)`,
 `strftime_now(format)`, `namespace(...)` (no underscore-prefixed attributes) and `dict(...)`; the
 `tojson` filter is json.dumps with ensure_ascii=False (plus indent, separators, sort_keys), not
-Jinja's HTML-escaping one. Variables: `messages`, `add_generation_prompt`, `tools` and `documents`
+Jinja's HTML-escaping one. Rendering is bounded in time, size, powers and range() items
+(`grpo_jax.chat_template_bounds.RenderLimits`: 2 s and 4,000,000 characters by default). Variables: `messages`, `add_generation_prompt`, `tools` and `documents`
 (None unless given), the tokenizer's special tokens as strings (`bos_token`, `eos_token`,
 `pad_token`, ...: only those it has, so `bos_token is defined` means something) and any extra keyword.
 """
@@ -33,12 +34,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_jax import chat_template_bounds as bounds
+from grpo_jax.chat_template_bounds import RenderLimits
+
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "chat_templates"
 
 
 class ChatTemplateError(ValueError):
-    """A template that is missing, does not parse, or raised (`raise_exception`) while rendering."""
+    """A template that is missing, does not parse, raised (`raise_exception`) or failed while
+    rendering, or went past its bounds (`grpo_jax.chat_template_bounds`: time, size, powers, range)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +171,12 @@ def _environment():
             return caller()
 
     class Namespace(jinja2.utils.Namespace):
-        """`namespace(...)` whose attributes never start with "_" (no route to dunders)."""
+        """`namespace(...)` whose attributes never start with "_" (no route to dunders), and never
+        hold a value over the size bounds (the one place a loop can grow a value step by step)."""
 
         def __setitem__(self, name, value):
             _check_name(name)
-            super().__setitem__(name, value)
+            super().__setitem__(name, bounds.check_size(value, f"namespace attribute {name!r}"))
 
     def _check_name(name):
         if isinstance(name, str) and name.startswith("_"):
@@ -182,12 +188,43 @@ def _environment():
             _check_name(name)
         return Namespace(attrs)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, GenerationBlock])
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """The sandbox, with every call, power, product and sum checked against the bounds."""
+
+        intercepted_binops = frozenset({"**", "*", "+", "%"})  # also stops their constant folding
+
+        def call_binop(self, context, operator, left, right):
+            bounds.check_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
+            what = f"call of {getattr(__obj, '__name__', type(__obj).__name__)}"
+            bounds.check_arguments(args, kwargs, what)
+            return bounds.check_size(super().call(__context, __obj, *args, **kwargs), f"the result of the {what}")
+
+        def wrap_str_format(self, value):
+            bounds.check_format_string(getattr(value, "__self__", None), "str.format")
+            return super().wrap_str_format(value)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[jinja2.ext.loopcontrols, GenerationBlock])
     env.filters["tojson"] = _tojson
+    for name, fn in list(env.filters.items()):  # filters are called directly, not through `call`
+        env.filters[name] = _bounded_filter(name, fn)
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
-                       namespace=namespace, dict=_dict)
+                       namespace=namespace, dict=_dict, range=bounds.bounded_range)
     return env
+
+
+def _bounded_filter(name: str, fn):
+    @functools.wraps(fn)  # keeps Jinja's pass_context / pass_environment marker
+    def bounded_filter(*args, **kwargs):
+        bounds.check_arguments(args, kwargs, f"filter {name!r}")
+        if name == "format" and args:
+            bounds.check_format_string(args[0], "filter 'format'")  # do_format(value, *args)
+        return bounds.check_size(fn(*args, **kwargs), f"the result of filter {name!r}")
+
+    return bounded_filter
 
 
 @functools.lru_cache(maxsize=32)
@@ -218,14 +255,16 @@ def render_chat_template(template: str, conversation: Sequence[Mapping[str, Any]
                          add_generation_prompt: bool = False,
                          special_tokens: Mapping[str, str] | None = None,
                          tools: Sequence | None = None, documents: Sequence | None = None,
-                         source: str = "the chat template", **kwargs) -> str:
+                         source: str = "the chat template", limits: RenderLimits | None = None,
+                         **kwargs) -> str:
     """`template` (Jinja source) rendered over one conversation, as transformers renders it.
 
     `conversation`: [{"role": "system" | "user" | "assistant" | ..., "content": str, ...}, ...];
     keys whose value is None are dropped (as transformers does: many templates print "None").
     `special_tokens`: {"bos_token": "<s>", ...}, strings, visible as template variables; `kwargs`
     too (e.g. `enable_thinking=False` for Qwen3) and they win over special tokens of the same name.
-    `source` names the template in errors. Returns the text, special tokens spelled out.
+    `source` names the template in errors; `limits` bounds the render (None: `DEFAULT_LIMITS`).
+    Returns the text, special tokens spelled out.
     """
     import jinja2
 
@@ -244,9 +283,36 @@ def render_chat_template(template: str, conversation: Sequence[Mapping[str, Any]
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"{source}: not a valid Jinja template ({e.message} at line {e.lineno})") from None
     variables = {**dict(special_tokens or {}), **_plain(kwargs, "a chat template keyword")}
+    variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
+                     tools=_plain(tools, "tools"), documents=_plain(documents, "documents"))
+    return _render_bounded(compiled, variables, limits or bounds.DEFAULT_LIMITS, source)
+
+
+def _render_bounded(compiled, variables: dict, limits: RenderLimits, source: str) -> str:
+    """The text, streamed and counted; every failure a one-line ChatTemplateError naming `source`."""
+    import jinja2
+
+    chunks, size = [], 0
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               tools=_plain(tools, "tools"), documents=_plain(documents, "documents"),
-                               **variables)
+        with bounds.bounded(limits):
+            for chunk in compiled.generate(**variables):
+                size += len(chunk)
+                if size > limits.max_chars:
+                    raise bounds.TemplateBoundError(
+                        f"its output passed {limits.max_chars:,} characters (model.chat_template_max_chars)")
+                chunks.append(chunk)
+    except bounds.TemplateTimeout:
+        raise ChatTemplateError(f"{source} took longer than {limits.max_seconds:g} s to render; a chat template "
+                                "normally takes milliseconds (raise model.chat_template_max_seconds only for a "
+                                "template you trust)") from None
+    except bounds.TemplateBoundError as e:
+        raise ChatTemplateError(f"{source} was stopped: {e}") from None
     except jinja2.TemplateError as e:  # raise_exception(...), an undefined call, a sandbox refusal
         raise ChatTemplateError(f"{source} refused the conversation: {e}") from None
+    except RecursionError:
+        raise ChatTemplateError(f"{source} recursed too deep (a macro that calls itself without end?)") from None
+    except MemoryError:
+        raise ChatTemplateError(f"{source} ran out of memory while rendering") from None
+    except Exception as e:  # noqa: BLE001 - a template's own error (1/0, a too-big range) is the template's fault
+        raise ChatTemplateError(f"{source} failed while rendering: {type(e).__name__}: {e}") from None
+    return "".join(chunks)

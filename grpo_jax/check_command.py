@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -41,6 +42,7 @@ import sys
 import time
 
 EXIT_CONFIG, EXIT_TOO_BIG = 2, 3
+_MANY_LAYERS = 256  # more than any public model (Llama 3.1 405B: 126); building them takes minutes
 _CHILD_ENV = "GRPO_CHECK_FAKE_DEVICES"  # set in the re-executed child: do not re-exec again
 
 # --model-shape presets: the shape fields of each model's public Hugging Face config.json
@@ -463,14 +465,18 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
 
     g, c = config.grpo, config.sampling.max_new_tokens
     model_config, source, stop_ids, pad_id = resolve_shape(config, model_shape)
+    if model_config.num_layers > _MANY_LAYERS:  # not silent for minutes: say what is slow and why
+        logging.getLogger("grpo_jax").warning(
+            "check: %d layers (from %s): the abstract build takes ~0.07 s a layer on a CPU, and compiling the "
+            "programs much longer, so this check runs for minutes; --no-compile gives the state figures sooner",
+            model_config.num_layers, source)
     all_devices = jax.devices()
     n = devices or len(all_devices)
     if n > len(all_devices):
         raise config_lib.ConfigError(f"--devices={n} but this process has {len(all_devices)} devices")
-    try:
-        mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=all_devices[:n])
-    except ValueError as e:
-        raise config_lib.ConfigError(f"{e} ({n} devices)") from None
+    # The trainer's own refusals and device split (mesh.rollout_devices), with train's words.
+    _, rollout_devices = run_context.split_devices(config, all_devices[:n])
+    mesh = run_context.configured_mesh(config, all_devices[:n])
     run_context.check_batch_fits_mesh(config, mesh)
     try:
         prompt_len = sampler_lib.bucket_length(prompt_tokens, run_context.PROMPT_BUCKETS)
@@ -529,6 +535,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "device_kind": all_devices[0].device_kind,
         "devices": n,
         "mesh": dict(mesh.shape),
+        "rollout_devices": _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
                   "trainable_params": lora_lib.count(trainable),
                   "lora_r": config.model.lora_r,
@@ -552,14 +559,35 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     }
 
 
+def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes) -> dict | None:
+    """mesh.rollout_devices: the sampler's own devices, each with whole float32 snapshots of the
+    policy (one per step of train.max_staleness; grpo_jax.async_rollouts) and the KV cache of its
+    share of the rows. None when the sampler shares the trainer's devices."""
+    import jax
+
+    if not rollout_devices:
+        return None
+    r = len(rollout_devices)
+    weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # LoRA: the merged policy, same shapes
+    kv = (rows // r) * seq * model_config.num_layers * 2 * kv_heads * model_config.head_dim * act_bytes
+    return {"devices": r, "rows_per_device": rows // r,
+            "snapshot_bytes_per_device": weights * config.train.max_staleness, "kv_cache_bytes_per_device": kv}
+
+
 # ----------------------------------------------------------------------------------------------
 # Printing.
 
 def format_report(f: dict) -> str:
     m, r, b = f["model"], f["rollout"], f["per_device_bytes"]
     mesh = " ".join(f"{k}={v}" for k, v in f["mesh"].items())
+    split = f.get("rollout_devices")
+    where = "" if not split else (
+        f"; rollouts on {split['devices']} more device(s) of their own (mesh.rollout_devices): "
+        f"{split['rows_per_device']} rows each, {gib(split['snapshot_bytes_per_device'])} of policy snapshots "
+        f"+ {gib(split['kv_cache_bytes_per_device'])} KV cache per device")
+    trainer = f["devices"] - (split["devices"] if split else 0)
     lines = [f"check {f.get('config_file', '')}: {f['devices']} {f['backend']} device(s) ({f['device_kind']}), "
-             f"mesh {mesh}",
+             f"mesh {mesh}" + (f" over the trainer's {trainer}" if split else "") + where,
              f"model: {count(m['num_params'])} params from {m['source']} ({m['num_layers']} layers, "
              f"d={m['hidden_size']}, {m['num_heads']}/{m['num_kv_heads']} heads, vocab {m['vocab_size']}, "
              f"compute {m['dtype']})",

@@ -18,11 +18,18 @@ Safety rules, because a lost good checkpoint costs a whole run:
   loaded, so a wrong ``abstract_state`` (which makes every step fail) never moves anything.
   Moving it aside matters: the resumed run will reach that step number again and Orbax refuses
   to overwrite an existing step; it also stops the broken step counting toward ``max_to_keep``.
+- Every save records a fingerprint of each array (``grpo_jax.fingerprint``: two 32-bit sums over
+  its bit patterns, computed on the devices) in the meta item; a restore recomputes them on what
+  it read and treats any difference as a corrupt step, like a missing file: a flipped bit in an
+  array file is caught instead of training on. A step whose meta lost the fingerprints, or a
+  field the caller requires (``required_meta``), is corrupt too; one saved before fingerprints
+  existed (no ``FORMAT_KEY``) restores with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -38,6 +45,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from grpo_jax import fingerprint as fingerprint_lib
 from grpo_jax import run_paths
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,16 @@ CORRUPT_SUBDIR = "corrupt"
 # that file is broken (it logs an error), and so must we.
 _JSON_FILES = ("state/_METADATA", "meta/metadata")
 _MAX_CAUSE = 500  # characters of an error kept in a one-line cause
+FINGERPRINTS_KEY = "array_fingerprints"  # in the meta item; ``restore`` returns meta without it
+# Written beside the fingerprints. A meta with it and without fingerprints lost them (corrupt); one
+# with neither was saved before checkpoints were verified, and restores with a warning: refusing
+# it would strand every run started before the upgrade (nothing would restore).
+FORMAT_KEY = "verified_format"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a lost bucket): one line with the step, the
+    directory and what to do; the steps already on disk are untouched."""
 
 
 class CheckpointManager:
@@ -92,6 +110,7 @@ class CheckpointManager:
         # The Orbax manager is opened lazily: opening creates the directory, and a restore from a
         # mistyped path must fail with that path rather than silently create an empty one.
         self._manager: ocp.CheckpointManager | None = None
+        self._failed: CheckpointWriteError | None = None  # a save that could not be written, once raised
         if self.directory.is_dir():
             self._open()
 
@@ -108,7 +127,36 @@ class CheckpointManager:
             )
             with self._quiet_orbax():  # it reads every step's metadata, broken or not
                 self._manager = ocp.CheckpointManager(self.directory, options=options)
+            # A failed background save (a full disk) makes Orbax log an ERROR with a traceback from
+            # each of its threads, and leaves abandoned writes that print more at exit; `save` and
+            # `wait_until_finished` report it once, as a CheckpointWriteError.
+            logging.getLogger("absl").addFilter(self._save_noise)
+            silence_abandoned_reads(self.directory)
         return self._manager
+
+    def _save_noise(self, record: logging.LogRecord) -> bool:
+        """absl filter while the manager is open: False (drop, to this module's DEBUG log) for Orbax's
+        ERROR records about a save into this directory."""
+        if record.levelno < logging.ERROR:
+            return True
+        where = str(self.directory)
+        exc = record.exc_info[1] if record.exc_info else None
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC  # its text names no file
+        if where not in record.getMessage() and (exc is None or where not in str(exc)) and not full:
+            return True
+        log.debug("Orbax save: %s", record.getMessage()[:_MAX_CAUSE])
+        return False
+
+    def _write_error(self, err: Exception, step: int | None) -> CheckpointWriteError:
+        text = str(err)
+        which = f"step {step}" if step is not None else "a step"
+        if "No space left on device" in text or "os_error_code='28'" in text:
+            cause = ("no space left on the device. Free space there (or set train.run_dir on a bigger disk) and "
+                     "run again with --resume: the checkpoints already written are kept")
+        else:
+            cause = _one_line(err)
+        self._failed = CheckpointWriteError(f"checkpoint {which} could not be written to {self.directory}: {cause}")
+        return self._failed
 
     @contextlib.contextmanager
     def _quiet_orbax(self, step: int | None = None) -> Iterator[None]:
@@ -169,12 +217,24 @@ class CheckpointManager:
             raise TypeError(
                 f"checkpoint meta for step {step} must be JSON-serialisable (dict/list/str/int/float/bool/None): {e}"
             ) from e
+        for key in (FINGERPRINTS_KEY, FORMAT_KEY):
+            if key in meta:
+                raise ValueError(f"checkpoint meta key {key!r} is reserved for the arrays' fingerprints")
         manager = self._open()
         if step in manager.all_steps():
             log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
             return False
+        if not manager.should_save(step) and not force:
+            return False
+        # Computed from the same device arrays Orbax copies to host, before the caller may donate them.
+        meta = {**meta, FINGERPRINTS_KEY: fingerprint_lib.tree_fingerprints(state), FORMAT_KEY: 1}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        return bool(manager.save(step, args=args, force=force))
+        try:  # Orbax raises an earlier background save's failure here, or this one's when synchronous
+            return bool(manager.save(step, args=args, force=force))
+        except (OSError, ValueError, RuntimeError) as e:
+            if isinstance(e, CheckpointWriteError):
+                raise
+            raise self._write_error(e, step) from None
 
     def all_steps(self) -> list[int]:
         """Steps on disk, oldest first (not checked for integrity; ``restore`` does that)."""
@@ -189,13 +249,16 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+    def restore(self, abstract_state: Any, step: int | None = None,
+                required_meta: tuple[str, ...] = ()) -> tuple[int, Any, dict]:
         """Returns ``(step, state, meta)``.
 
         abstract_state: the pytree to restore into, with ``jax.ShapeDtypeStruct`` leaves (give each
           a ``.sharding`` to restore sharded; ``jax.eval_shape`` of the init function works).
         step: a specific step (no fallback: if it fails, that error is raised), or None for the
           newest step that loads; newer ones that fail are named in a warning and moved aside.
+        required_meta: keys the meta must hold; a step without one of them is corrupt (it falls
+          back like a step whose arrays do not match their fingerprints).
         """
         if not self.directory.is_dir():
             raise FileNotFoundError(f"checkpoint directory {self.directory} does not exist")
@@ -212,13 +275,13 @@ class CheckpointManager:
                 raise FileNotFoundError(
                     f"checkpoint step {step} not found in {self.directory}; available steps: {steps}"
                 )
-            restored_state, meta = self._restore_step(manager, abstract_state, step)
+            restored_state, meta = self._restore_step(manager, abstract_state, step, required_meta)
             return step, restored_state, meta
 
         failures: list[tuple[int, str]] = []  # (step, its one-line cause), newest first
         for candidate in reversed(steps):
             try:
-                restored_state, meta = self._restore_step(manager, abstract_state, candidate)
+                restored_state, meta = self._restore_step(manager, abstract_state, candidate, required_meta)
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
                 failures.append((candidate, _one_line(e)))
                 continue
@@ -242,7 +305,7 @@ class CheckpointManager:
         )
 
     def _restore_step(self, manager: ocp.CheckpointManager, abstract_state: Any,
-                      step: int) -> tuple[Any, dict]:
+                      step: int, required_meta: tuple[str, ...]) -> tuple[Any, dict]:
         _check_json_files(self.directory / str(step))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         silence_abandoned_reads(self.directory)
@@ -252,25 +315,79 @@ class CheckpointManager:
         if not isinstance(meta, dict):
             raise ValueError(f"meta item of step {step} is {type(meta).__name__}, expected a JSON object")
         _check_restored_matches(abstract_state, restored["state"], step)
+        meta = dict(meta)
+        saved = meta.pop(FINGERPRINTS_KEY, None)
+        verified = meta.pop(FORMAT_KEY, None) is not None
+        lost = [] if isinstance(saved, dict) or not verified else [FINGERPRINTS_KEY]
+        missing = lost + [k for k in required_meta if k not in meta]
+        meta_file = self.directory / str(step) / "meta" / "metadata"
+        if missing:
+            raise ValueError(f"{meta_file} lacks the field(s) {missing} (damaged)")
+        if not verified:
+            log.warning("checkpoint step %d (%s) was saved before grpo_jax fingerprinted its arrays: restored "
+                        "without verifying them", step, meta_file)
+            return restored["state"], meta
+        bad = fingerprint_lib.mismatches(saved, fingerprint_lib.tree_fingerprints(restored["state"]))
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
         return restored["state"], meta
 
+    @property
+    def failed(self) -> bool:
+        """Whether a save could not be written (and was reported): later saves are not attempted."""
+        return self._failed is not None
+
     def wait_until_finished(self) -> None:
-        """Blocks until any asynchronous save has been written and committed."""
-        if self._manager is not None:
+        """Blocks until any asynchronous save has been written and committed; a save that failed
+        raises CheckpointWriteError (once: later calls return, the failure was reported)."""
+        if self._manager is None:
+            return
+        try:
             self._manager.wait_until_finished()
+        except (OSError, ValueError, RuntimeError) as e:
+            if self._failed is not None:
+                return
+            raise self._write_error(e, None) from None
 
     def close(self) -> None:
         """Waits for pending saves and releases Orbax's background resources."""
         if self._manager is not None:
-            self._manager.wait_until_finished()
-            self._manager.close()
-            self._manager = None
+            try:
+                self.wait_until_finished()
+            finally:
+                with contextlib.suppress(Exception):  # after a failed save Orbax's close re-raises it
+                    self._manager.close()
+                self._manager = None
+                logging.getLogger("absl").removeFilter(self._save_noise)
 
     def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def verify_partial_restore(step_dir: Path, tree: Any) -> None:
+    """For a reader that restores part of a step (eval's params only): ValueError unless the
+    step's meta has fingerprints and every leaf of ``tree`` (keyed from the state's root, e.g.
+    ``{"params": ...}``) matches its saved one."""
+    file = Path(os.fspath(step_dir)) / "meta" / "metadata"
+    try:
+        meta = json.loads(file.read_bytes())
+        saved, verified = meta.get(FINGERPRINTS_KEY), FORMAT_KEY in meta
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{file}: cannot read the step's meta ({_one_line(e)})") from None
+    if not verified and saved is None:
+        log.warning("%s: saved before grpo_jax fingerprinted its arrays; read without verifying them", file)
+        return
+    if not isinstance(saved, dict):
+        raise ValueError(f"{file} lacks the field(s) ['{FINGERPRINTS_KEY}'] (damaged)")
+    read = fingerprint_lib.tree_fingerprints(tree)
+    bad = fingerprint_lib.mismatches({k: saved[k] for k in read if k in saved}, read)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
 
 
 def _check_restored_matches(abstract_state: Any, restored: Any, step: int) -> None:
@@ -306,8 +423,9 @@ def _check_json_files(step_dir: Path) -> None:
             raise ValueError(f"{file}: not valid JSON ({e})") from None
 
 
-# tensorstore appends its whole JSON spec, and absl its source locations, to an error message.
-_NOISE = re.compile(r"\s*\[(tensorstore_spec|source locations)(\[\d+\])?=.*$")
+# tensorstore appends its whole JSON spec, and absl its source locations, to an error message;
+# Orbax a pointer to a bound method's repr.
+_NOISE = re.compile(r"\s*(\[(tensorstore_spec|source locations)(\[\d+\])?=|See full TensorStore details: <bound).*$")
 
 
 def _one_line(err: Exception) -> str:
@@ -347,7 +465,9 @@ def _abandoned_read(unraisable: Any) -> bool:
         return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
     code = getattr(obj, "cr_code", None)
     closed = isinstance(exc, GeneratorExit) or isinstance(getattr(exc, "__cause__", None), GeneratorExit)
-    return closed and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+    # An abandoned write of a failed save, finalised while the interpreter shuts down.
+    shutting_down = isinstance(exc, ImportError) and "shutting down" in str(exc)
+    return (closed or shutting_down) and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 class _UnraisableFilter:

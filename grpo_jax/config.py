@@ -7,11 +7,13 @@ and an unknown key or a bad value is a `ConfigError` naming the key, the value a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
 import os
+import traceback
 import types
 import typing
 from typing import Any, Literal
@@ -68,6 +70,10 @@ class ModelSection:
     lora_target_modules: tuple[str, ...] = ("all-linear",)
     lora_init: Literal["kaiming", "gaussian"] = "kaiming"
     lora_base_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Bounds on rendering the tokenizer's chat template (it comes with the checkpoint: untrusted
+    # code; grpo_jax.chat_template_bounds): wall time and characters, output and any value built.
+    chat_template_max_seconds: float = 2.0
+    chat_template_max_chars: int = 4_000_000
 
     def tokenizer_spec(self) -> str:
         """The tokenizer this model uses: `tokenizer`, else `hf_path`'s, else the demo's."""
@@ -398,6 +404,14 @@ def validate(config: Config) -> None:
         )
     if g.eps_high is not None and g.eps_high < 0:
         raise ConfigError(f"grpo.eps_high={g.eps_high} must be >= 0 or None")
+    if not g.eps_low < 1:  # the clip range is [1 - eps_low, 1 + eps_high]: its floor must stay above 0
+        raise ConfigError(f"grpo.eps_low={g.eps_low} must be in [0, 1) (the ratio is clipped to 1 - eps_low "
+                          "from below; PPO and GRPO use 0.1-0.3)")
+    for key, value in (("optim.b1", o.b1), ("optim.b2", o.b2)):
+        if not 0 <= value < 1:  # Adam's moving averages: 1 or more never forgets or diverges
+            raise ConfigError(f"{key}={value} must be in [0, 1) (Adam's decay rates; usual: b1 0.9, b2 0.99-0.999)")
+    _positive("model.chat_template_max_seconds", m.chat_template_max_seconds)
+    _positive("model.chat_template_max_chars", m.chat_template_max_chars)
     if s.temperature <= 0:
         raise ConfigError(f"sampling.temperature={s.temperature} must be > 0 (use eval.greedy for argmax)")
     if not 0 < s.top_p <= 1:
@@ -617,6 +631,23 @@ def describe_fields() -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _config_file_errors(path: str):
+    """A config file that does not parse or raises: one ConfigError line with its file and line
+    (a syntax error's own, else the deepest frame in that file), not a traceback through importlib."""
+    try:
+        yield
+    except SyntaxError as e:
+        raise ConfigError(f"{path}, line {e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's file raised, named with its line
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+        where = f"{path}, line {frames[-1].lineno}" if frames else path
+        hint = ""
+        if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+            hint = " (an unknown field: `python -m grpo_jax train --help` lists every section's fields)"
+        raise ConfigError(f"{where}: {type(e).__name__}: {e}{hint}") from None
+
+
 def load_config_file(path: str | os.PathLike) -> Config:
     """Imports a config file and calls its `get_config()`."""
     path = os.fspath(path)
@@ -624,10 +655,12 @@ def load_config_file(path: str | os.PathLike) -> Config:
         raise ConfigError(f"config file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the user's own config file, not model output
+    with _config_file_errors(path):
+        spec.loader.exec_module(module)  # the user's own config file, not model output
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} has no get_config() function")
-    config = module.get_config()
+    with _config_file_errors(path):
+        config = module.get_config()
     if not isinstance(config, Config):
         raise ConfigError(
             f"{path}: get_config() returned {type(config).__name__}, expected grpo_jax.config.Config"

@@ -9,9 +9,11 @@
 | length up, accuracy flat, truncation up    | rambling or loops             | length penalty, length-bias fix, check verifier|
 | clip fraction high, reward unstable        | updates too big               | lower LR, fewer epochs per batch              |
 | reward NaN (or one rewards/<name>/mean NaN)| a reward never applies (None) | check its field names and the answer format   |
+| every advantage 0, rewards unequal         | rewards overflow float32 stats| scale the rewards to about [-10, 10]          |
 
-The last row is ours, not the seed's: a reward function that returns None for every completion
-gives zero advantages, so GRPO trains on nothing, silently.
+The last two rows are ours, not the seed's: a reward function that returns None for every completion
+gives zero advantages, so GRPO trains on nothing, silently; so does a reward of 1e30 (the group's
+float32 std overflows to inf).
 
 Each warning fires once per episode: when its condition starts to hold. It can fire again only
 after the condition has been clear for ``rearm_steps`` consecutive checks, so a noisy signal
@@ -261,6 +263,49 @@ class Diagnostics:
                 "check the field names it reads against the data's keys and what makes it return None",
         )
 
+    def _advantages_vanished(self, step: int, metrics: Mapping[str, float]):
+        """Every advantage 0 while some group's rewards differ: not the equal-rewards case (that is
+        high_zero_variance's) but arithmetic: float32 group statistics of huge rewards overflow
+        (|r| ~ 1e19 and up: the squares pass 3.4e38, the std is inf, every advantage (r - mean) / inf = 0)."""
+        lo, hi = metrics.get("advantages/min"), metrics.get("advantages/max")
+        zero_std = metrics.get("frac_reward_zero_std")
+        if lo is None or hi is None or zero_std is None or math.isnan(zero_std):
+            return None, ""
+        holds = lo == 0.0 and hi == 0.0 and zero_std < 1.0
+        reward = metrics.get("reward", float("nan"))
+        return holds, _message(
+            step, "advantages_all_zero",
+            f"every advantage is 0 although {1 - zero_std:.0%} of groups have unequal rewards (mean reward "
+            f"{reward:.3g}), so nothing is learned",
+            cause="rewards too large for float32 group statistics (their squares overflow, the std is inf)",
+            fix="scale the reward functions' outputs to about [-10, 10] (a weight, or the function itself)",
+        )
+
+    # -- the window, saved with the run state ---------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What the checks remember, as JSON: a resumed run given it (``load_state_dict``) warns at
+        the same steps as a run that never stopped. Bounded: each metric keeps its first ``window``
+        values (the starting level) and its last ``2 * window + 1`` (the longest look back, a
+        window ``offset`` one window back; the KL and jitter checks read ``window + 1``); no check
+        reads a history's length beyond ``2 * window``, so the cut changes no warning."""
+        w = self.t.window
+        keep = 3 * w + 1
+        history = {k: v if len(v) <= keep else v[:w] + v[-(2 * w + 1):] for k, v in self._history.items()}
+        return {
+            "history": history,
+            "evals": [list(e) for e in self._evals[-self.t.hack_evals:]],
+            "episodes": {k: [e.active, e.clear_count] for k, e in self._episodes.items()},
+            "nan_run": dict(self._nan_run),
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restores what ``state_dict`` returned (a checkpoint's ``diagnostics`` meta field)."""
+        self._history = {k: [float(x) for x in v] for k, v in state["history"].items()}
+        self._evals = [(int(s), float(a), float(r)) for s, a, r in state["evals"]]
+        self._episodes = {k: _Episode(bool(a), int(c)) for k, (a, c) in state["episodes"].items()}
+        self._nan_run = {k: int(v) for k, v in state["nan_run"].items()}
+
     # -- public ----------------------------------------------------------------------------------
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[str]:
@@ -286,6 +331,7 @@ class Diagnostics:
             "truncation_rising": lambda: self._truncation(step) if "completions/clipped_ratio" in values else (None, ""),
             "clip_high_reward_unstable": lambda: self._clip_unstable(step) if clip is not None else (None, ""),
             "no_reward": lambda: self._no_reward(step, values) if "reward" in values else (None, ""),
+            "advantages_all_zero": lambda: self._advantages_vanished(step, values),
         }
         for fn_name in (m.group(1) for m in map(_REWARD_PART.match, values) if m):  # one episode each
             checks[f"reward_fn_never_applies/{fn_name}"] = (

@@ -48,6 +48,11 @@ import numpy as np
 
 log = logging.getLogger("grpo_jax")
 
+def _no_run_dir(run_dir) -> str:
+    return (f"--checkpoint {run_dir}: no such directory; give the train.run_dir of a training run "
+            "(it holds checkpoints/ and config.json)")
+
+
 # Where the trainer keeps a run's checkpoints and what their "state" item holds
 # (run_state.ckpt_dir_of, checkpoint.CheckpointManager.save, run_state._checkpoint_state).
 _CHECKPOINTS, _STATE_ITEM, _PARAMS_KEY = "checkpoints", "state", "params"
@@ -101,6 +106,8 @@ def eval_config(args: argparse.Namespace):
         base = config_lib.load_config_file(args.config)
     elif args.checkpoint:
         path = os.path.join(args.checkpoint, "config.json")
+        if not os.path.isdir(args.checkpoint):
+            raise config_lib.ConfigError(_no_run_dir(args.checkpoint))
         if not os.path.isfile(path):
             raise config_lib.ConfigError(f"--checkpoint {args.checkpoint}: no config.json there; give --config FILE")
         try:
@@ -295,6 +302,8 @@ def restore_params(run_dir: str, abstract_params, step: int | None = None) -> tu
     from grpo_jax import config as config_lib
 
     directory = pathlib.Path(run_dir).expanduser().absolute() / _CHECKPOINTS
+    if not os.path.isdir(run_dir):
+        raise config_lib.ConfigError(_no_run_dir(run_dir))
     if not directory.is_dir():
         raise config_lib.ConfigError(f"--checkpoint {run_dir}: no checkpoints directory {directory}")
     # Orbax writes a step into a temporary directory and renames it to the step number when complete.
@@ -319,6 +328,7 @@ def restore_params(run_dir: str, abstract_params, step: int | None = None) -> tu
                     args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True))
                 params = restored[_PARAMS_KEY]
                 _check_like(abstract_params, params)
+                checkpoint_lib.verify_partial_restore(directory / str(candidate), {_PARAMS_KEY: params})
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
                 cause = (str(e).strip().splitlines() or [repr(e)])[0][:300]
                 failures.append(f"step {candidate} ({directory / str(candidate)}): {type(e).__name__}: {cause}")

@@ -23,6 +23,7 @@ from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_paths
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
+from grpo_jax.chat_template_bounds import RenderLimits
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
 from grpo_jax.rewards import calling
@@ -52,6 +53,8 @@ class RunState:
     # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
     # into, which is also the reference. None otherwise.
     base_params: Any | None = None
+    # The diagnostics' window restored from a checkpoint (`Diagnostics.state_dict`), else None.
+    diagnostics: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,10 +256,13 @@ def configured_tokenizer(config: config_lib.Config):
     or a missing path is a ConfigError naming the field."""
     spec = config.model.tokenizer_spec()
     try:
-        return load_tokenizer(spec)
+        tokenizer = load_tokenizer(spec)
     except (ValueError, FileNotFoundError, OSError) as e:
         field = "model.tokenizer" if config.model.tokenizer else "model.hf_path (its tokenizer)"
         raise config_lib.ConfigError(f"{field}={spec!r}: {e}") from None
+    tokenizer.chat_template_limits = RenderLimits(max_seconds=config.model.chat_template_max_seconds,
+                                                  max_chars=config.model.chat_template_max_chars)
+    return tokenizer
 
 
 def configured_task(config: config_lib.Config):
@@ -281,20 +287,33 @@ def with_configured_rewards(config: config_lib.Config, task):
         raise config_lib.ConfigError(f"task.reward_funcs={list(config.task.reward_funcs)}: {e}") from None
 
 
-def split_devices(config: config_lib.Config) -> tuple[list, list]:
-    """(the trainer's devices, the sampler's): the last `mesh.rollout_devices` devices sample."""
-    devices, r = jax.devices(), config.mesh.rollout_devices
+def split_devices(config: config_lib.Config, devices: list | None = None) -> tuple[list, list]:
+    """(the trainer's devices, the sampler's) of `devices` (default: all): the last
+    `mesh.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
+    not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
+    and `check` both call this, so they refuse the same configs with the same words)."""
+    devices = list(jax.devices() if devices is None else devices)
+    r, g, staleness = config.mesh.rollout_devices, config.grpo, config.train.max_staleness
     if r and r >= len(devices):
         raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
                                      f"{jax.default_backend()} devices)")
+    if staleness and jax.process_count() > 1:
+        raise config_lib.ConfigError(
+            f"train.max_staleness={staleness} runs in one process; this run has "
+            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
+    rows = g.prompts_per_step * g.num_generations
+    if r and rows % r:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
+            f"mesh.rollout_devices={r}")
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
 
-def configured_mesh(config: config_lib.Config):
-    """The (data, fsdp, tensor) mesh over the trainer's devices (every device unless
-    `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
+def configured_mesh(config: config_lib.Config, devices: list | None = None):
+    """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
+    all, unless `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
-    devices, _ = split_devices(config)
+    devices, _ = split_devices(config, devices)
     try:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     except ValueError as e:
@@ -312,19 +331,10 @@ def rollout_placement(config: config_lib.Config, graphdef, model_config, tokeniz
     only: the rollout thread's gathers would interleave with the trainer's across processes."""
     if config.train.max_staleness == 0:
         return None
-    if jax.process_count() > 1:
-        raise config_lib.ConfigError(
-            f"train.max_staleness={config.train.max_staleness} runs in one process; this run has "
-            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
-    _, rollout_devices = split_devices(config)
+    _, rollout_devices = split_devices(config)  # its refusals ran in configured_mesh already
     if not rollout_devices:
         return RolloutPlacement(sampler=sampler, mesh=mesh, split=False,
                                 param_shardings=sharding.param_shardings(mesh, params))
-    rows = config.grpo.prompts_per_step * config.grpo.num_generations
-    if rows % len(rollout_devices):
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
-            f"mesh.rollout_devices={len(rollout_devices)}")
     # The sampler's mesh: rows over its devices, each holding the whole weights (as a data-parallel
     # inference server does).
     rollout_mesh = sharding.make_mesh(len(rollout_devices), 1, 1, devices=rollout_devices)
@@ -397,8 +407,12 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     # every resume. Counted as the rollout encodes prompts.
     check_lengths = getattr(task, "check_prompt_lengths", None)
     if check_lengths is not None:
-        check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
-                      config.task.overlong_prompts)
+        try:
+            check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
+                          config.task.overlong_prompts)
+        except ValueError as e:  # the data's own problem, named with file and line: exit 2, one line
+            text = str(e).replace("(on_overlong='skip')", "(task.overlong_prompts=skip)")
+            raise config_lib.ConfigError(f"task.overlong_prompts={config.task.overlong_prompts}: {text}") from None
     # A reward function whose signature cannot take the trainer's call stops the run here, not at step 1.
     try:
         calling.check_signatures(task.reward_fns(), [k for k in task.train_example(0) if k != "prompt"])

@@ -12,6 +12,9 @@ means refuse (with the list of differences) unless `--allow-config-change`; oper
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import tempfile
 import logging
 from typing import Any
 
@@ -31,6 +34,8 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "samples.jsonl", "tensorboard", "pl
 # optimizer setting) changes the run's meaning.
 OPERATIONAL_FIELDS = (
     "eval.",
+    "model.chat_template_max_seconds",
+    "model.chat_template_max_chars",
     "mesh.",
     "sampling.threads",
     "train.run_dir",
@@ -52,7 +57,11 @@ OPERATIONAL_FIELDS = (
 
 # Fields that set what a checkpoint holds: a changed value cannot restore it (even with
 # --allow-config-change), and trying would set the good checkpoints aside as corrupt.
-CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness",)
+CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness", "model.vocab_size", "model.hidden_size",
+                            "model.intermediate_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
+                            "model.head_dim", "model.tie_embeddings", "model.qkv_bias", "model.qk_norm",
+                            "model.lora_r", "model.lora_target_modules")
+_LAYOUT_WHAT = {"train.max_staleness": "the parameter snapshots of in-flight rollouts"}
 
 
 class RunDirError(ValueError):
@@ -110,10 +119,15 @@ def is_operational(key: str) -> bool:
 def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool,
             allow_config_change: bool, primary: bool) -> None:
     """Checks `run_dir` for this run (RunDirError naming what to do), and with `overwrite` removes
-    the previous run's files. Nothing is written here; config.json is written by the caller once
+    the previous run's files. Nothing is written here (a local run_dir is probed for writing with a
+    temporary file); config.json is written by the caller once
     the run has started from its state."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    if primary and run_paths.is_local(run_dir):
+        check_writable(run_dir)
+    elif not run_paths.is_local(run_paths.as_path(run_dir)):
+        check_reachable(run_dir)
     found = previous_run(run_dir)
     if found and not resume:
         if not overwrite:
@@ -134,6 +148,64 @@ def prepare(config: config_lib.Config, run_dir, *, resume: bool, overwrite: bool
         check_resumed_config(config, run_dir, allow_config_change=allow_config_change)
 
 
+def check_writable(run_dir) -> None:
+    """A local run_dir (or, before it exists, its nearest existing parent) must be a directory this
+    process can create files in: otherwise one RunDirError line now, not a traceback at the first
+    write. Probed with a temporary file that is removed at once (permissions alone do not say:
+    root ignores them, a read-only mount does not)."""
+    path = pathlib.Path(os.fspath(run_dir)).absolute()
+    probe_dir = path
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        which = "is a file" if probe_dir == path else f"is inside {probe_dir}, which is a file"
+        raise RunDirError(f"train.run_dir={run_dir} {which}, not a directory; set train.run_dir to a directory path")
+    try:
+        with tempfile.TemporaryFile(dir=probe_dir):
+            pass
+    except OSError as e:
+        raise RunDirError(f"train.run_dir={run_dir}: cannot create files in {probe_dir} ({e.strerror}); choose a "
+                          "writable directory or fix its permissions") from None
+
+
+# Object-storage schemes and the fsspec package etils.epath reads them with (pip extras of grpo_jax).
+_STORAGE_PACKAGES = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None)}
+STORAGE_PROBE_S = 30.0  # gcsfs alone retries an unreachable endpoint for ~120 s before it gives up
+
+
+def check_reachable(run_dir, timeout_s: float = STORAGE_PROBE_S) -> None:
+    """An object-storage run_dir: one look at it (does it exist?) within `timeout_s`, in a daemon
+    thread, so that a missing client package or an unreachable bucket is one RunDirError line in
+    seconds, not 120 s of retries and 300 lines of tracebacks."""
+    import threading
+
+    path = run_paths.as_path(run_dir)
+    scheme = os.fspath(path).split("://", 1)[0]
+    result: dict[str, Any] = {}
+
+    def look():
+        try:
+            result["exists"] = path.exists()
+        except BaseException as e:  # noqa: BLE001 - reported below, in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=look, name="grpo_jax storage probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RunDirError(f"train.run_dir={run_dir}: no answer from {scheme}:// within {timeout_s:g} s; check the "
+                          "network, the bucket's name and your credentials (gcloud auth application-default login)")
+    error = result.get("error")
+    if isinstance(error, ImportError):
+        package, extra = _STORAGE_PACKAGES.get(scheme, ("an fsspec backend", None))
+        how = f"pip install 'grpo_jax[{extra}]'" if extra else f"pip install {package}"
+        raise RunDirError(f"train.run_dir={run_dir} needs {package} to reach {scheme}:// ({how})")
+    if error is not None:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise RunDirError(f"train.run_dir={run_dir}: cannot reach it ({type(error).__name__}: {first}); check the "
+                          "bucket's name, your credentials and the network")
+
+
 def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_change: bool) -> None:
     """Compares run_dir/config.json (the run's config when it started) with `config`."""
     path = run_paths.as_path(run_dir) / CONFIG_FILE
@@ -147,12 +219,16 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
     diffs = config_differences(saved, config_lib.to_dict(config))
     # (A config written before the field existed ran with its default, 0.)
-    layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]]
+    # The model.* shape fields are ignored when a checkpoint (model.hf_path) gives the shape.
+    from_hf = bool(config.model.hf_path) and bool(saved.get("model", {}).get("hf_path"))
+    layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]
+              and not (from_hf and d[0].startswith("model.") and not d[0].startswith("model.lora"))]
     if layout:
         key, old, new = layout[0]
         raise RunDirError(
             f"--resume: {key} changed {old!r} -> {new!r}, and it sets what the run's checkpoints hold (the "
-            f"parameter snapshots of in-flight rollouts); resume with {key}={old!r}, or start a new train.run_dir")
+            f"{_LAYOUT_WHAT.get(key, 'shapes of the saved weights and Adam state')}); resume with {key}={old!r}, or "
+            "start a new train.run_dir")
     extended = [d for d in diffs if _extends_the_run(d, config)]
     for key, old, new in extended:
         log.info("--resume: train.steps %r -> %r: optim.schedule='constant', so the learning rate of every step "

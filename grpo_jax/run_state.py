@@ -58,11 +58,16 @@ class NonFiniteStateError(RuntimeError):
     """The run's params or optimizer state hold NaN/inf; no checkpoint is written from them."""
 
 
-def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState) -> None:
+# Meta fields a resume reads: a checkpoint without one of them is corrupt (falls back to an older one).
+REQUIRED_META = ("step", "data_position", "config")
+
+
+def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState, diagnostics: dict | None = None) -> None:
     """Writes `state` (every process joins; Orbax writes asynchronously unless configured not to).
 
     Never from non-finite params or optimizer state: rotating good checkpoints out for a NaN one
-    would lose the run (NonFiniteStateError instead; the earlier checkpoints stay)."""
+    would lose the run (NonFiniteStateError instead; the earlier checkpoints stay). `diagnostics`:
+    the warnings' window (`Diagnostics.state_dict`), so a resumed run warns where a straight one would."""
     tree = _checkpoint_state(ctx, state)
     # One check per device set: the rollout snapshots may live on the sampler's own devices.
     trainer_side = {k: v for k, v in tree.items() if k != "rollout_params"}
@@ -72,6 +77,8 @@ def save(ctx: RunContext, ckpt: CheckpointManager, state: RunState) -> None:
             f"ones in {ckpt_dir_of(ctx.run_dir)} are kept)"
         )
     meta = {"step": state.step, "data_position": state.data_position, "config": config_lib.to_dict(ctx.config)}
+    if diagnostics is not None:
+        meta["diagnostics"] = diagnostics
     ckpt.save(state.step, tree, meta, force=True)
 
 
@@ -96,7 +103,7 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             snapshot = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                                     full, ctx.rollout.param_shardings)
             abstract["rollout_params"] = {str(j): snapshot for j in range(ctx.config.train.max_staleness)}
-        step, tree, meta = ckpt.restore(abstract)
+        step, tree, meta = ckpt.restore(abstract, required_meta=REQUIRED_META)
         log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
         return RunState(
             step=step,
@@ -106,6 +113,7 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             ref_params=tree.get("ref_params"),
             rollout_params=tuple(tree["rollout_params"][str(j)] for j in range(len(tree.get("rollout_params", {})))),
             base_params=tree.get("base_params", fresh.base_params),
+            diagnostics=meta.get("diagnostics"),
         )
     # The SFT warm-up trains every weight: under LoRA it warms up the base, and the adapters start after it.
     params = fresh.params if ctx.lora is None else fresh.base_params

@@ -184,6 +184,7 @@ class _TokenizerMixin:
     bos_id: int | None
     add_bos_token: bool = False
     chat_templates: chat.ChatTemplates | None = None
+    chat_template_limits: chat.RenderLimits | None = None  # None: chat_template_bounds.DEFAULT_LIMITS
     special_tokens: Mapping[str, str]
     template_home: str
 
@@ -225,7 +226,8 @@ class _TokenizerMixin:
         text = chat.render_chat_template(template, conversation,
                                          add_generation_prompt=add_generation_prompt,
                                          special_tokens=self.special_tokens, tools=tools,
-                                         documents=documents, source=source, **kwargs)
+                                         documents=documents, source=source,
+                                         limits=self.chat_template_limits, **kwargs)
         return self._encode_rendered(text) if tokenize else text
 
 

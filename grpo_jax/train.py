@@ -347,14 +347,14 @@ class _Loop:
             )
 
     def save(self, state: RunState) -> None:
-        run_state.save(self.ctx, self.ckpt, state)
+        run_state.save(self.ctx, self.ckpt, state, diagnostics=self.diagnostics.state_dict())
         self.saved_step = state.step
 
     def save_on_error(self) -> None:
         """After an error: the last finished step, if it is not saved yet and is finite."""
         state = self.state
-        if state is None or state.step == 0 or state.step == self.saved_step:
-            return
+        if state is None or state.step == 0 or state.step == self.saved_step or self.ckpt.failed:
+            return  # (a checkpoint that could not be written, a full disk, would fail again)
         try:
             self.save(state)
             self.ckpt.wait_until_finished()
@@ -367,6 +367,8 @@ class _Loop:
         ctx, t_cfg, e_cfg = self.ctx, self.ctx.config.train, self.ctx.config.eval
         start_step = state.step
         self.state = state
+        if state.diagnostics is not None:  # resumed: the warnings continue from the saved window
+            self.diagnostics.load_state_dict(state.diagnostics)
         if state.step == 0 and ctx.eval_examples:
             self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
         # train.max_staleness > 0: batches come from the rollout thread, sampled from older params.
@@ -428,7 +430,10 @@ class _Loop:
             if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
                 stopped_by = "stop_after_steps"
             evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)
-            if evaluate_now or stopped_by or step == t_cfg.steps:
+            save_now = (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps
+            # A checkpoint holds the diagnostics' window up to its own step, so the row is read first
+            # (the save waits for the update anyway, to copy its arrays).
+            if evaluate_now or save_now:
                 # The row is needed now (held-out figures join it, or the run ends here).
                 row, device_free_at = self._row(pending, times, batches)
                 pending = None
@@ -436,7 +441,7 @@ class _Loop:
                     row.update(self.evaluate(ctx.policy_params(state), step))
                     device_free_at = time.perf_counter()
                 self.write({"step": step, **row})
-            if (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps:
+            if save_now:
                 self.save(state)
             if stopped_by:
                 log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)

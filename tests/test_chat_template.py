@@ -208,3 +208,79 @@ def test_parity_with_transformers_apply_chat_template(tmp_path, style):
         theirs.apply_chat_template(bad, tokenize=False)
     with pytest.raises(ct.ChatTemplateError, match=re.escape(str(path)) + ".* refused the conversation: .*(?i:role)"):
         ours.apply_chat_template(bad, tokenize=False)
+
+
+# -- bounds (issue 30: templates arrive inside downloaded checkpoints) ------------------------------
+
+_HOSTILE = {
+    # name: (template, what the one-line error says)
+    "nested_ranges": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                      "range() calls add up to more than 1,000,000 items"),
+    "huge_power": ("{{ 10 ** (10 ** 8) }}", "10 ** 100000000 would have about 332,192,809 bits"),
+    "huge_repeat": ("{{ 'x' * 10**10 }}", "repeating a value of length 1 10,000,000,000 times"),
+    "gigabyte_of_loop_output": ("{% for i in range(100000) %}{{ 'y' * 10000 }}{% endfor %}",
+                                "its output passed 4,000,000 characters"),
+    "recursive_macro": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deep"),
+    "wide_ljust": ("{{ 'x'.ljust(10**9) }}", "call of ljust was given the number 1000000000"),
+    "wide_format": ("{{ '{:>999999999}'.format(1) }}", "a format string with a width of a million or more"),
+    "wide_percent": ("{{ '%999999999d' % 1 }}", "a format string with a width of a million or more"),
+    "wide_center_filter": ("{{ 'x'|center(1000000000) }}", "filter 'center' was given the number 1000000000"),
+    "doubling_in_a_namespace": ("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+                                "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                                "namespace attribute 's' is 4,194,304 long"),
+    "range_too_big": ("{{ range(10**6)|length }}", "Range too big"),
+    "division_by_zero": ("{{ 1 // 0 }}", "ZeroDivisionError"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE))
+def test_hostile_templates_stop_fast_with_one_line_naming_the_file(name):
+    # Before the bounds these ran for 20+ s, until the process died of memory, or ended in a bare
+    # RecursionError / OverflowError. Each is now a ChatTemplateError naming the file, in < 2 s
+    # (the default time limit, which none of them needs: the guards stop them first).
+    import time
+
+    template, says = _HOSTILE[name]
+    t0 = time.perf_counter()
+    with pytest.raises(ct.ChatTemplateError) as err:
+        ct.render_chat_template(template, [{"role": "user", "content": "hi"}], source="/ckpt/chat_template.jinja")
+    assert time.perf_counter() - t0 < 2.0
+    message = str(err.value)
+    assert message.startswith("/ckpt/chat_template.jinja ") and says in message, message
+    assert "\n" not in message
+
+
+def test_a_busy_template_is_stopped_by_the_time_limit_and_the_limits_are_options():
+    # A loop with no output, no call and no range(): only the watchdog can stop it. 10**9 steps of
+    # Python take minutes; the limit here is 0.2 s, and the render must end well within 1 s of it.
+    import time
+
+    busy = "{% for m in messages * 100000 %}{% for c in 'abcdefghij' * 100000 %}{% endfor %}{% endfor %}"
+    t0 = time.perf_counter()
+    with pytest.raises(ct.ChatTemplateError, match=r"^t\.jinja took longer than 0\.2 s to render"):
+        ct.render_chat_template(busy, [{"role": "user", "content": "hi"}], source="t.jinja",
+                                limits=ct.RenderLimits(max_seconds=0.2))
+    assert time.perf_counter() - t0 < 1.2
+    # The watchdog never fires after a render that finished in time (it would hit unrelated code).
+    assert render("{{ messages[0].content }}", [{"role": "user", "content": "hi"}]) == "hi"
+    time.sleep(0.3)
+    # max_chars is an option: 5,000,000 characters pass when it is raised (model.chat_template_max_chars).
+    big = "{% for i in range(500) %}{{ 'z' * 10000 }}{% endfor %}"
+    with pytest.raises(ct.ChatTemplateError, match="output passed 4,000,000"):
+        ct.render_chat_template(big, [{"role": "user", "content": "hi"}])
+    out = ct.render_chat_template(big, [{"role": "user", "content": "hi"}],
+                                  limits=ct.RenderLimits(max_chars=6_000_000))
+    assert len(out) == 5_000_000
+
+
+def test_the_tokenizer_renders_under_the_configured_limits(tmp_path):
+    # model.chat_template_max_chars reaches the tokenizer the trainer loads.
+    from grpo_jax import config as config_lib
+    from grpo_jax import run_context
+
+    make_tiny_instruct_checkpoint(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{{ 'a' * 300 }}{{ messages[0].content }}")
+    cfg = config_lib.Config(model=config_lib.ModelSection(hf_path=str(tmp_path), chat_template_max_chars=200))
+    tokenizer = run_context.configured_tokenizer(cfg)
+    with pytest.raises(ct.ChatTemplateError, match="chat_template.jinja was stopped: repeating a value of length 1 300 times is over the limit of 200"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)

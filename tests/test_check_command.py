@@ -258,3 +258,53 @@ def test_tpu_pod_config_7b_on_16_devices(tmp_path):
 
 if __name__ == "__main__":
     _measure(sys.argv[1], sys.argv[2:])
+
+
+def test_check_refuses_what_train_refuses_with_the_same_words(capsys, tmp_path):
+    # Issue 30: `check --set mesh.rollout_devices=2 --set train.max_staleness=1` on one device exited 0
+    # and printed "mesh data=1" (it ignored the split), while `train` refused the config with exit 2.
+    sets = ["--set", "mesh.rollout_devices=2", "--set", "train.max_staleness=1"]
+    code, out, err = _run(["--config", "configs/arith_cpu.py", "--no-compile", *sets], capsys)
+    assert code == 2 and out == ""
+    assert err == "config error: mesh.rollout_devices=2 leaves no device to train on (1 cpu devices)\n"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    train = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py", *sets,
+                            "--set", f"train.run_dir={tmp_path / 'run'}"], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert train.returncode == 2 and err.strip() in train.stderr, train.stderr[-2000:]
+
+
+def test_check_shows_the_rollout_device_split(tmp_path):
+    # 8 devices, 4 of them sampling: the trainer's mesh is data=4, and the sampler's devices each
+    # take 128 / 4 = 32 rows and hold max_staleness = 1 whole fp32 snapshot of the policy.
+    out_json = tmp_path / "f.json"
+    proc = _cli(["--config", "configs/arith_cpu.py", "--no-compile", "--prompt-tokens", "8", "--set",
+                 "mesh.rollout_devices=4", "--set", "train.max_staleness=1", "--json", str(out_json)], devices=8)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    f = json.loads(out_json.read_text())
+    num_params = 2 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 2 * 14 * 128 + 128  # as in the first test
+    assert f["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    # KV cache: 32 rows x (8 + 5) tokens x 2 layers x (k, v) x 4 kv heads x 32 head dim x 4 B.
+    assert f["rollout_devices"] == {"devices": 4, "rows_per_device": 32, "snapshot_bytes_per_device": 4 * num_params,
+                                    "kv_cache_bytes_per_device": 32 * 13 * 2 * 2 * 4 * 32 * 4}
+    assert "mesh data=4 fsdp=1 tensor=1 over the trainer's 4; rollouts on 4 more device(s) of their own" in proc.stdout
+
+
+def test_a_very_deep_model_says_at_once_that_the_check_takes_minutes(monkeypatch, caplog):
+    # Issue 30: `check` with 10,000 layers was silent for minutes (1,000 layers: 68 s without
+    # compiling on a 2-core CPU). The line comes before the slow build, which is stopped here.
+    import logging
+
+    from grpo_jax import check_command
+    from grpo_jax import config as config_lib
+
+    def stop(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check_command, "abstract_state", stop)
+    config = config_lib.apply_overrides(config_lib.load_config_file(ROOT / "configs/arith_cpu.py"),
+                                        ["model.num_layers=10000"])
+    with caplog.at_level(logging.WARNING, logger="grpo_jax"), pytest.raises(KeyboardInterrupt):
+        check_command.check(config, compile_programs=False)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("check: 10000 layers (from the config's model.* fields): ") and "minutes" in line

@@ -131,3 +131,42 @@ def test_task_tokenizer_and_mesh_errors_are_config_errors_with_status_2(tmp_path
     assert "Traceback" not in proc.stderr
     for w in words:
         assert w in proc.stderr, (w, proc.stderr[-1000:])
+
+
+@pytest.mark.parametrize("override, words", [
+    # Issue 30: accepted before. eps_low=5 clips the ratio from below at 1 - 5 = -4 (never binds), and
+    # Adam with b1=2 multiplies its momentum by 2 every step (diverges); b2=1 never forgets.
+    ("grpo.eps_low=5", ["grpo.eps_low=5", "[0, 1)", "1 - eps_low"]),
+    ("optim.b1=2", ["optim.b1=2", "[0, 1)", "b1 0.9"]),
+    ("optim.b2=1", ["optim.b2=1", "[0, 1)"]),
+    ("optim.b1=-0.1", ["optim.b1=-0.1", "[0, 1)"]),
+    ("model.chat_template_max_seconds=0", ["model.chat_template_max_seconds=0", "> 0"]),
+])
+def test_clip_epsilon_and_adam_betas_are_range_checked(override, words):
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), [override])
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+@pytest.mark.parametrize("body, says", [
+    # Issue 30: each printed a 16-20 line traceback through importlib.
+    ("def get_config(:\n    pass\n", "bad.py, line 1: syntax error: "),
+    ("from grpo_jax.config import Config\n\ndef get_config():\n    return Config(train=1 / 0)\n",
+     "bad.py, line 4: ZeroDivisionError: division by zero"),
+    ("from grpo_jax.config import Config, GRPOSection\n\ndef get_config():\n"
+     "    return Config(grpo=GRPOSection(bogus=1))\n",
+     "bad.py, line 4: TypeError: GRPOSection.__init__() got an unexpected keyword argument 'bogus' "
+     "(an unknown field: `python -m grpo_jax train --help` lists every section's fields)"),
+])
+def test_a_config_file_that_does_not_load_is_one_line_with_exit_2(tmp_path, body, says):
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.py").write_text(body)
+    with pytest.raises(ConfigError) as err:
+        config_lib.load_config_file(tmp_path / "bad.py")
+    assert str(err.value).startswith(str(tmp_path / "bad.py")) and says in str(err.value), str(err.value)
+    proc = subprocess.run([sys.executable, "-m", "grpo_jax", "check", "--config", str(tmp_path / "bad.py")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"config error: {err.value}\n", proc.stderr

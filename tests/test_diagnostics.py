@@ -1,5 +1,6 @@
 """Each cheat-sheet warning fires on a synthetic run showing its signal, once per episode; a healthy run is quiet."""
 
+import json
 import logging
 
 import numpy as np
@@ -188,3 +189,43 @@ def test_sometimes_none_is_not_never():
     assert [s for s, _ in feed(Diagnostics(no_reward_steps=3), run)] == [3]
     with pytest.raises(ValueError, match="no_reward_steps must be >= 1"):
         Diagnostics(no_reward_steps=0)
+
+
+@pytest.mark.parametrize("stop_at", [5, 40, 52, 95])
+def test_a_resumed_run_warns_at_the_same_steps_as_a_straight_one(stop_at):
+    # Issue 30: the window was not in the checkpoint, so a resumed run relearned it and warned late
+    # (kl_spike at step 18 instead of 11) or twice. Stopping after `stop_at` steps, saving
+    # state_dict as JSON (the checkpoint's meta) and loading it into a new Diagnostics must give
+    # the straight run's warnings: the entropy collapse (needs the first 10 values: the start
+    # level), the spikes at 50 and 90, and the episode open at 52 (no second kl_spike at 53).
+    run = healthy_run()
+    run[50]["kl"], run[53]["kl"], run[90]["kl"] = 0.5, 0.5, 0.6
+    for s in range(60, 120):
+        run[s]["entropy"] = max(0.05, 0.85 - 0.03 * (s - 60))
+    straight = feed(Diagnostics(), run)
+    assert [s for s, _ in straight] == [50, 85, 90]
+
+    first = Diagnostics()
+    before = [(s, msg) for s in range(stop_at) for msg in first.update(s, run[s])]
+    saved = json.loads(json.dumps(first.state_dict()))
+    resumed = Diagnostics()
+    resumed.load_state_dict(saved)
+    after = [(s, msg) for s in range(stop_at, len(run)) for msg in resumed.update(s, run[s])]
+    assert before + after == straight
+    # Bounded: 3 * window + 1 values per metric, however long the run.
+    assert max(len(v) for v in saved["history"].values()) <= 31
+
+
+def test_every_advantage_zero_with_unequal_rewards_says_the_rewards_overflow():
+    # Issue 30: a reward of 1e30 trained on advantages of 0 silently. In float32 the group's squared
+    # deviations (1e60) overflow, its std is inf, and every (r - mean) / inf is 0, while the groups'
+    # rewards do differ (frac_reward_zero_std 0.25 < 1): not the equal-rewards case.
+    diag = Diagnostics()
+    vanished = {"reward": 5e29, "frac_reward_zero_std": 0.25, "advantages/min": -0.0, "advantages/max": 0.0}
+    (message,) = diag.update(1, vanished)
+    assert message.startswith("[step 1] advantages_all_zero: every advantage is 0 although 75% of groups")
+    assert "scale the reward functions' outputs" in message
+    assert diag.update(2, vanished) == []  # one warning per episode
+    # All groups with equal rewards also give zero advantages: that is high_zero_variance's case.
+    assert Diagnostics().update(1, {**vanished, "frac_reward_zero_std": 1.0}) == []
+    assert Diagnostics().update(1, {**vanished, "advantages/max": 0.7}) == []

@@ -155,7 +155,10 @@ def test_eval_of_a_hugging_face_directory(tmp_path):
     "argv, message",
     [
         ([], "give --config FILE (or --checkpoint RUN_DIR"),
-        (["--checkpoint", "{tmp}/nowhere"], "--checkpoint {tmp}/nowhere: no config.json there"),
+        # Issue 30: a missing directory was reported as "no config.json there".
+        (["--checkpoint", "{tmp}/nowhere"], "--checkpoint {tmp}/nowhere: no such directory; give the train.run_dir"),
+        (["--config", "{config}", "--checkpoint", "{tmp}/nowhere"], "--checkpoint {tmp}/nowhere: no such directory"),
+        (["--checkpoint", "{tmp}"], "--checkpoint {tmp}: no config.json there"),
         (["--config", "{config}", "--step", "3"], "--step needs --checkpoint"),
         (["--config", "{config}", "--ks", "1,x"], "--ks '1,x': expected comma-separated integers"),
         (["--config", "{config}", "--num-samples", "2", "--ks", "1,4"],

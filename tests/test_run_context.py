@@ -46,7 +46,10 @@ def test_an_over_long_data_file_prompt_is_found_at_start_up(tmp_path):
     ctx, _ = run_context.build(base)
     assert ctx.task.num_train == 19
     strict = dataclasses.replace(base, task=dataclasses.replace(base.task, overlong_prompts="error"))
-    with pytest.raises(ValueError, match=f"{path}:5: prompt of [0-9]+ tokens is longer than the limit of 16384"):
+    # Issue 30: a 20-line traceback before; now a ConfigError (exit 2, one line) naming the file and line.
+    with pytest.raises(ConfigError, match=f"^task.overlong_prompts=error: {path}:5: prompt of [0-9]+ tokens is "
+                                          "longer than the limit of 16384 .*skip over-long examples "
+                                          r"\(task.overlong_prompts=skip\)$"):
         run_context.build(strict)
 
 

@@ -105,3 +105,69 @@ def test_resume_after_the_final_save_keeps_the_summary_table(tmp_path, monkeypat
     result = report.run_and_report(cfg, resume=True)
     assert result.step == 2 and not result.history  # nothing left to train
     assert (tmp_path / "summary.md").read_text() == first
+
+
+def _unwritable_dir(tmp_path):
+    """A directory this process cannot create files in: mode 0500 for a normal user; as root
+    (which ignores modes) /sys, a read-only place in most containers, else None."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        return locked
+    try:
+        with tempfile.TemporaryFile(dir="/sys"):
+            return None
+    except OSError:
+        return "/sys"
+
+
+def test_a_run_dir_that_is_a_file_or_unwritable_is_one_line_before_anything_runs(tmp_path):
+    # Issue 30: 21-33-line tracebacks at the first write (after the model was built). Now one
+    # RunDirError line from `prepare`, which the CLI prints with exit status 2.
+    import subprocess
+    import sys
+
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    with pytest.raises(RunDirError, match=f"^train.run_dir={file} is a file, not a directory; set train.run_dir"):
+        train.run(tiny_config(file), task=SevensTask())
+    with pytest.raises(RunDirError, match=f"^train.run_dir={file / 'run'} is inside {file}, which is a file"):
+        train.run(tiny_config(file / "run"), task=SevensTask())
+    locked = _unwritable_dir(tmp_path)
+    if locked is not None:
+        with pytest.raises(RunDirError, match=f"^train.run_dir={locked}/run: cannot create files in {locked} "
+                                              r"\(Permission denied\); choose a writable directory"):
+            train.run(tiny_config(f"{locked}/run"), task=SevensTask())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py",
+                           "--set", f"train.run_dir={file}"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (f"run directory error: train.run_dir={file} is a file, not a "
+                                                    "directory; set train.run_dir to a directory path")
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_changed_model_shape_is_refused_on_resume_even_with_allow_config_change(tmp_path):
+    # Issue 30: `--resume --allow-config-change` with a new model.hidden_size tried every checkpoint
+    # (each failed on the shapes), then stopped with a 27-line traceback, exit 1, and printed asyncio's
+    # "exception was never retrieved" blocks. Now one line, exit 2, before anything is built.
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = [sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py", "--set",
+            f"train.run_dir={tmp_path}", "--set", "train.steps=4", "--set", "train.checkpoint_every=1", "--set",
+            "eval.every=0"]
+    first = subprocess.run(base + ["--set", "train.stop_after_steps=1"], capture_output=True, text=True,
+                           cwd=root, timeout=600)
+    assert first.returncode == 75, first.stderr[-2000:]
+    proc = subprocess.run(base + ["--set", "model.hidden_size=64", "--resume", "--allow-config-change"],
+                          capture_output=True, text=True, cwd=root, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "run directory error: --resume: model.hidden_size changed 128 -> 64, and it sets what the run's checkpoints "
+        "hold (the shapes of the saved weights and Adam state); resume with model.hidden_size=128, or start a new "
+        "train.run_dir")
+    assert "Traceback" not in proc.stderr and "never retrieved" not in proc.stderr

@@ -50,3 +50,33 @@ def test_metrics_config_checks_and_plots_on_a_gs_run_dir(tmp_path):
     assert json.loads((bucket / "config.json").read_text())["train"]["steps"] == 600
     assert (bucket / "metrics.jsonl").is_file() and (bucket / "plots").is_dir()
     assert not (bucket / "tensorboard").exists()  # local event files only: off on object storage
+
+
+def test_an_unreachable_bucket_or_a_missing_gcsfs_is_one_line_in_bounded_time(tmp_path, monkeypatch):
+    # Issue 30: train.run_dir=gs://... without gcsfs, or without a network, took 120 s and 319 lines
+    # to fail. No network here: an epath whose exists() never returns stands for the dead endpoint.
+    import time
+
+    from etils.epath import testing as epath_testing
+
+    def hang(original, path, *args, **kwargs):
+        time.sleep(60)
+
+    with epath_testing.mock_epath(exists=hang):
+        t0 = time.perf_counter()
+        with pytest.raises(run_dir_lib.RunDirError, match=r"^train.run_dir=gs://bucket/run: no answer from gs:// "
+                                                          r"within 0.5 s; check the network"):
+            run_dir_lib.check_reachable("gs://bucket/run", timeout_s=0.5)
+        assert time.perf_counter() - t0 < 2.0
+
+    def no_gcsfs(original, path, *args, **kwargs):
+        raise ImportError("Please install gcsfs to access Google Storage")  # fsspec's own words
+
+    with epath_testing.mock_epath(exists=no_gcsfs):
+        with pytest.raises(run_dir_lib.RunDirError) as err:
+            run_dir_lib.prepare(config_lib.Config(), "gs://bucket/run", resume=False, overwrite=False,
+                                allow_config_change=False, primary=True)
+    assert str(err.value) == "train.run_dir=gs://bucket/run needs gcsfs to reach gs:// (pip install 'grpo_jax[gcs]')"
+    # The extra exists.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert 'gcs = ["gcsfs' in open(os.path.join(root, "pyproject.toml")).read()

@@ -576,3 +576,29 @@ def test_eval_file_with_its_own_field_names(tmp_path):
     task = JsonlTask(path=GSM8K, eval_path=held, eval_question_field="problem", eval_answer_field="final",
                      eval_answer_format="gsm8k")
     assert [(e["question"], e["answer"]) for e in task.eval_examples()] == [("What is 1+1?", "2")]
+
+
+def test_a_gsm8k_answer_without_hashes_among_hashed_ones_is_named_in_one_warning(tmp_path, caplog):
+    # Issue 30: with answer_format="auto", the one row lacking "####" silently used its whole worked
+    # solution as the reference ("5 + 2 = 7. So seven." : no completion ever equals it).
+    import logging
+
+    from grpo_jax.tasks.jsonl import Fields, read_examples
+
+    rows = [{"question": f"{i} + 2?", "answer": f"{i} + 2 = {i + 2}.\n#### {i + 2}"} for i in range(4)]
+    rows[2]["answer"] = "2 + 2 = 4. So four."
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.tasks.jsonl"):
+        records = [r for _, r in read_examples(str(path), Fields())]
+    assert [r["answer"] for r in records] == ["2", "3", "2 + 2 = 4. So four.", "5"]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"{path}: 1 of 4 answers (field 'answer') have no '####' although the others do, "
+                              f"e.g. {path}, line 3; each is used whole")
+    assert "task.options.answer_format='gsm8k' to refuse them" in warning
+    # All with "####", or none (a raw-answer file): nothing to say.
+    caplog.clear()
+    path.write_text("".join(json.dumps({"question": "q", "answer": str(i)}) + "\n" for i in range(4)))
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.tasks.jsonl"):
+        read_examples(str(path), Fields())
+    assert caplog.records == []

@@ -143,6 +143,7 @@ def read_examples(path: str, fields: Fields = Fields()) -> list[tuple[str, dict]
     text or a list of messages, else its question) filled in. Errors name the file, line or row, and
     field."""
     out = []
+    hashed, unhashed = [], []  # locations of text answers with and without "####" (answer_format="auto")
     for row in read_rows(path):
         record, where = row.record, row.where
         if fields.answer not in record:
@@ -180,7 +181,20 @@ def read_examples(path: str, fields: Fields = Fields()) -> list[tuple[str, dict]
             )
         prompt = question if raw_prompt is None else raw_prompt  # untemplated (JsonlTask.example)
         out.append((row.location, {**record, "question": question, "answer": answer, "prompt": prompt}))
+        if fields.answer_format == "auto" and isinstance(raw, str):
+            (hashed if "####" in raw else unhashed).append(where)
+    _warn_mixed_gsm8k(path, fields, hashed, unhashed)
     return out
+
+
+def _warn_mixed_gsm8k(path: str, fields: Fields, hashed: list[str], unhashed: list[str]) -> None:
+    """answer_format="auto" on a GSM8K-style file where some answers lack "####": those are used
+    whole (the worked solution as the reference, which no completion matches). One warning line."""
+    if len(hashed) > len(unhashed) > 0:
+        log.warning("%s: %d of %d answers (field %r) have no '####' although the others do, e.g. %s; each is used "
+                    "whole as its reference answer. Add '#### <answer>' to them, or set "
+                    "task.options.answer_format='gsm8k' to refuse them", path, len(unhashed),
+                    len(hashed) + len(unhashed), fields.answer, unhashed[0])
 
 
 def read_jsonl(path: str, question_field: str, answer_field: str, answer_format: str) -> list[dict]:
