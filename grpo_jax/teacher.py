@@ -77,6 +77,8 @@ def check_tokenizer(path: pathlib.Path, teacher_vocab: int, student_vocab: int, 
             f"{where}: the teacher's vocabulary has {teacher_vocab} ids (its config.json), the student's "
             f"{student_vocab}; on-policy distillation compares the two distributions id by id, so the teacher "
             "must share the student's tokenizer and have at least its vocabulary")
+    if tokenizer is None:  # `check`: the vocabulary alone
+        return
     from grpo_jax.tokenizer import load_tokenizer
 
     try:
@@ -128,7 +130,12 @@ def make_pass_fn(graphdef, temperature: float, top_k: int, *, mesh, params, voca
     `top_k_logprobs`. Returns `f(params, tokens, attention, num_targets)`."""
     if top_k == 0:
         logprob_fn = step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh, params=params)
-        return lambda p, tokens, attention, num_targets: logprob_fn(p, tokens, attention, num_targets=num_targets)
+
+        def sampled(p, tokens, attention, num_targets):
+            return logprob_fn(p, tokens, attention, num_targets=num_targets)
+
+        sampled.logprob_fn = logprob_fn  # for `check`, which lowers logprob_fn.jitted
+        return sampled
 
     def topk(p, tokens, attention, num_targets):
         return top_k_logprobs(graphdef, step_lib.as_dtype(p, jnp.float32), tokens, attention,
@@ -141,9 +148,10 @@ def make_pass_fn(graphdef, temperature: float, top_k: int, *, mesh, params, voca
     return jitted
 
 
-def abstract_params(config: config_lib.Config, mesh):
-    """The teacher's params as ShapeDtypeStructs in their layout (for `check`), from its config.json
-    alone; None without a teacher. A missing checkpoint is a ConfigError naming the field."""
+def abstract_teacher(config: config_lib.Config, mesh, student_vocab: int):
+    """(graphdef, params as ShapeDtypeStructs in their layout) of the teacher, from its config.json
+    alone (for `check`); None without a teacher. A missing checkpoint or a vocabulary smaller than
+    the student's `student_vocab` is a ConfigError naming the field and the path."""
     g = config.grpo
     if not g.teacher_model_name_or_path:
         return None
@@ -151,11 +159,16 @@ def abstract_params(config: config_lib.Config, mesh):
     from grpo_jax import model as model_lib
 
     path = pathlib.Path(g.teacher_model_name_or_path)
+    if not (path / "config.json").is_file():
+        raise config_lib.ConfigError(f"{FIELD}={str(path)!r}: no Hugging Face checkpoint there (no config.json)")
     try:
         model_config = hf.config_from_hf(hf.read_config(path), dtype=config.model.dtype, param_dtype="float32")
-    except (FileNotFoundError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise config_lib.ConfigError(f"{FIELD}={str(path)!r}: {e}") from None
     dtype = jnp.bfloat16 if g.teacher_dtype == "bfloat16" else jnp.float32
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, 0)))
     shapes = jax.eval_shape(lambda: step_lib.as_dtype(nnx.split(model_lib.init_model(model_config, 0))[1], dtype))
     shardings = sharding.param_shardings(mesh, shapes)
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, shardings)
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, shardings)
+    check_tokenizer(path, model_config.vocab_size, student_vocab, None)
+    return graphdef, params

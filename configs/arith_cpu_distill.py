@@ -1,0 +1,40 @@
+"""python -m grpo_jax train --config configs/arith_cpu_distill.py
+
+On-policy distillation on the CPU demo's task: a smaller student (width 64, ~0.1M parameters, a
+quarter of the demo's) samples its own answers and is trained on the reverse KL to a teacher's
+log-probs on them (grpo.teacher_model_name_or_path, the sampled-token estimate) beside GRPO's
+verifier reward (grpo.teacher_tau = 1). The teacher is the CPU demo's trained policy; make it
+first (4-5 minutes, no download), then run this:
+
+    python -m grpo_jax train --config configs/arith_cpu.py --set train.export_hf=true
+    python -m grpo_jax train --config configs/arith_cpu_distill.py
+
+GRPO alone, for comparison (same seed, steps and student):
+
+    python -m grpo_jax train --config configs/arith_cpu_distill.py \\
+        --set grpo.teacher_model_name_or_path=null --run-dir runs/arith_cpu_distill_grpo
+
+Measured (README, "On-policy distillation"): greedy held-out accuracy after 300 steps, see
+benchmarks/NOTES.md for the figures of both runs.
+"""
+
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
+                               SFTSection, TaskSection, TrainSection)
+
+
+def get_config() -> Config:
+    return Config(
+        model=ModelSection(tokenizer="char:0123456789+=", hidden_size=64, intermediate_size=256,
+                           num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32, init_seed=1),
+        task=TaskSection(name="arithmetic", options={"digits": 2, "operators": "+", "reverse_answer": True,
+                                                     "template": "compact", "seed": 1}),
+        sampling=SamplingSection(max_new_tokens=5, temperature=1.0),
+        grpo=GRPOSection(prompts_per_step=16, num_generations=8, eps_low=0.2, beta=0.0,
+                         teacher_model_name_or_path="runs/arith_cpu/hf", teacher_tau=1.0, loss_top_k=0),
+        optim=OptimSection(learning_rate=2e-4, b2=0.99, max_grad_norm=1.0, weight_decay=0.0),
+        sft=SFTSection(steps=400, batch_size=128, learning_rate=1e-3, target_accuracy=0.25, eval_every=10,
+                       eval_size=256),
+        eval=EvalSection(every=50, num_questions=200, num_samples=8, ks=(1, 8), temperature=1.0, greedy=True),
+        train=TrainSection(steps=300, seed=1, run_dir="runs/arith_cpu_distill", samples_every=100,
+                           checkpoint_every=100, keep_checkpoints=2),
+    )
