@@ -81,10 +81,13 @@ def check_tokenizer(path: pathlib.Path, teacher_vocab: int, student_vocab: int, 
         return
     from grpo_jax.tokenizer import load_tokenizer
 
-    try:
-        theirs = load_tokenizer(str(path))
-    except (FileNotFoundError, ValueError):
-        theirs = None  # no tokenizer files beside the weights (an export of a char-tokenizer run)
+    theirs = None  # no tokenizer files beside the weights (an export of a char-tokenizer run)
+    if (path / "tokenizer.json").is_file() or list(path.glob("*.model")):
+        try:
+            theirs = load_tokenizer(str(path))
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise config_lib.ConfigError(f"{where}: its tokenizer cannot be read to compare with the student's: "
+                                         f"{e}") from None
     if theirs is not None and (theirs.vocab_size != tokenizer.vocab_size
                                or list(theirs.encode(_PROBE)) != list(tokenizer.encode(_PROBE))):
         raise config_lib.ConfigError(

@@ -156,3 +156,21 @@ def test_check_counts_the_teacher_as_a_real_load_holds_it(tmp_path, teacher_dir)
     assert figures_bf16["per_device_bytes"]["teacher"] * 2 == held
     with pytest.raises(ConfigError, match=r"grpo\.teacher_model_name_or_path=.*nowhere"):
         check_command.check(_student(tmp_path, str(tmp_path / "nowhere")), prompt_tokens=8, compile_programs=False)
+
+
+def test_a_teacher_whose_saved_tokenizer_splits_differently_is_a_config_error(tmp_path):
+    # A teacher directory holding a byte-level BPE tokenizer.json (323 ids) beside a student with
+    # the 14-id char tokenizer: the ids mean different text, whatever the vocabulary sizes. The
+    # same tokenizer.json on both sides passes.
+    from grpo_jax import teacher as teacher_lib
+    from grpo_jax.tokenizer import load_tokenizer
+    from hf_fixtures import train_tiny_bpe
+
+    pytest.importorskip("tokenizers")
+    train_tiny_bpe().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|endoftext|>"}')
+    char = load_tokenizer("char:0123456789+=")
+    with pytest.raises(ConfigError, match=r"grpo\.teacher_model_name_or_path=.*splits text differently"):
+        teacher_lib.check_tokenizer(tmp_path, 400, 14, char)
+    bpe = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    teacher_lib.check_tokenizer(tmp_path, 400, bpe.vocab_size, bpe)
