@@ -174,3 +174,36 @@ def test_a_teacher_whose_saved_tokenizer_splits_differently_is_a_config_error(tm
         teacher_lib.check_tokenizer(tmp_path, 400, 14, char)
     bpe = load_tokenizer(str(tmp_path / "tokenizer.json"))
     teacher_lib.check_tokenizer(tmp_path, 400, bpe.vocab_size, bpe)
+
+
+def _devices_run(tmp_path, devices: int, top_k: int) -> dict:
+    import json
+    import subprocess
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    out = tmp_path / f"d{devices}_k{top_k}.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, str(tests / "distillation_devices_check.py"), str(out),
+                           str(tmp_path / f"run{devices}_{top_k}"), str(top_k)], env=env, cwd=tests.parent,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # two trainer processes per estimate, ~80 s on 2 shared cores
+@pytest.mark.parametrize("top_k", [0, 4])
+def test_eight_devices_match_one_device_with_a_teacher(tmp_path, top_k):
+    # Rows over 8 fake devices (mesh data=8): the teacher's pass, its [rows, C] or [rows, C, K]
+    # arrays and the update split their rows; the samples are the same (per-row keys), the update's
+    # figures equal one device's up to float32 summation order (tests/tolerances.py).
+    from tolerances import metric_tolerance
+
+    one, eight = _devices_run(tmp_path, 1, top_k), _devices_run(tmp_path, 8, top_k)
+    assert (one["device_count"], eight["device_count"]) == (1, 8)
+    for got, want in zip(eight["history"], one["history"]):
+        assert got["reward"] == want["reward"]
+        # The distillation term makes the loss O(1) (the KL), no longer a cancellation near 0.
+        for k in ("distillation/reverse_kl", "loss", "entropy", "grad_norm"):
+            assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
