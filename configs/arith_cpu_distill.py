@@ -4,7 +4,7 @@ On-policy distillation on the CPU demo's task. A smaller student (width 96, 3 he
 parameters against the demo's 0.53M) samples its own answers and is trained on its reverse KL to a
 teacher over the teacher's top 4 tokens at every answer token (grpo.loss_top_k = 4, with the tail
 bucket), beside GRPO's verifier reward (grpo.teacher_tau = 1). The teacher is the CPU demo's trained
-policy; make it first (about 2.5 minutes on a quiet 2-core machine, nothing downloaded), then run this:
+policy; make it first (2-3 minutes on the 2-core CPU machine, nothing downloaded), then run this:
 
     python -m grpo_jax train --config configs/arith_cpu.py --set train.export_hf=true
     python -m grpo_jax train --config configs/arith_cpu_distill.py
@@ -15,8 +15,8 @@ GRPO alone, for comparison (the same student, seed, warm-up and steps):
         --set grpo.teacher_model_name_or_path=null --run-dir runs/arith_cpu_distill_grpo
 
 Measured (README, "On-policy distillation"; benchmarks/NOTES.md): after the same SFT warm-up
-(greedy 0.22), 300 steps with the teacher reach greedy held-out accuracy well above GRPO alone's
-on this student; the figures of both runs are written there.
+(greedy 0.22), 300 steps reach greedy held-out accuracy 0.66 with the teacher (pass@1 0.291) and
+0.185 with GRPO alone (pass@1 0.119); the teacher's pass makes a step 1.7x as long.
 """
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,

@@ -614,7 +614,8 @@ def format_report(f: dict) -> str:
     frozen = m.get("lora_r", 0) > 0
     labels = {"params": "frozen base (LoRA)" if frozen else "params (fp32 masters)",
               "adapters": f"LoRA adapters (r={m.get('lora_r')})", "opt_state": "Adam state", "reference": "reference",
-              "teacher": "teacher (distillation)", "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
+              "teacher": "teacher (distillation)",
+              "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
               "decode_weights": "sampler weights copy", "step_rows": "step's row arrays"}
     lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items()
               if (k != "adapters" or frozen) and (k != "teacher" or v)]

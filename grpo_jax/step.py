@@ -260,7 +260,9 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     `sampling/sampling_logp_difference/{mean,max}`; without the correction that difference is
     the loss's log-probs vs the sampler's), `loss`, `grad_norm` (before clipping), `num_tokens`, and
     `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
-    and optimizer state come back unchanged.
+    and optimizer state come back unchanged. With a distillation teacher
+    (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
+    times `distillation.distillation_loss` and the metrics its `distillation/reverse_kl`.
     """
     grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
 

@@ -57,9 +57,7 @@ def test_the_student_learns_the_teachers_sevens_from_the_teacher_alone(tmp_path,
     # samples it writes mostly 7s too (measured: > 0.7 for both estimates), and the reverse KL falls.
     cfg = _student(tmp_path, teacher_dir, loss_top_k=top_k)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=30, checkpoint_every=0))
-    task = NoRewardTask()
-    task.eval_correct = SevensTask().eval_correct
-    result = train.run(cfg, task=_CountingSevens(task))
+    result = train.run(cfg, task=_CountingSevens(NoRewardTask()))
     sevens = [_share_of_sevens(r) for r in result.history if "rewards/sevens/mean" in r]
     kl = [r["distillation/reverse_kl"] for r in result.history]
     assert np.mean(sevens[:3]) < 0.3, sevens[:3]
