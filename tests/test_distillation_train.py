@@ -205,3 +205,26 @@ def test_eight_devices_match_one_device_with_a_teacher(tmp_path, top_k):
         # The distillation term makes the loss O(1) (the KL), no longer a cancellation near 0.
         for k in ("distillation/reverse_kl", "loss", "entropy", "grad_norm"):
             assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
+
+
+def test_a_bfloat16_teacher_holds_bf16_weights_and_scores_like_the_float32_one(tmp_path, teacher_dir):
+    # grpo.teacher_dtype="bfloat16" stores every weight in bf16 (half the bytes) and computes in
+    # float32. Rounding a weight to bf16 changes it by <= 2^-9 relative; through the tiny teacher's
+    # two layers a log-prob of size <= ~5 moves by a few 1e-2 at most: 0.1 nats bounds it, while a
+    # teacher that did not load (random weights) differs by whole nats.
+    import jax.numpy as jnp
+
+    from grpo_jax import teacher as teacher_lib
+    from grpo_jax.run_context import configured_mesh, configured_tokenizer
+
+    cfg = _student(tmp_path, teacher_dir)
+    cfg16 = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, teacher_dtype="bfloat16"))
+    mesh, tok = configured_mesh(cfg), configured_tokenizer(cfg)
+    t32, t16 = teacher_lib.load(cfg, tok, mesh, 14), teacher_lib.load(cfg16, tok, mesh, 14)
+    assert {str(x.dtype) for x in jax.tree.leaves(t16.params)} == {"bfloat16"}
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (4, 10), 0, 12)
+    attention = jnp.ones_like(tokens)
+    a = t32.targets(tokens, attention, num_targets=4)["teacher_logp"]
+    b = t16.targets(tokens, attention, num_targets=4)["teacher_logp"]
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=0.1)
