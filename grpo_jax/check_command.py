@@ -286,6 +286,7 @@ class Abstract:
     separate_decode_copy: bool  # whether the sampler's weights are a second copy
     adapters: object | None = None  # LoRA: what trains (and what opt_state is over)
     lora: object | None = None  # LoRA: the lora.LoraSpec
+    teacher: object | None = None  # on-policy distillation: (graphdef, frozen params), grpo_jax.teacher
 
 
 def abstract_state(config, model_config, mesh) -> Abstract:
@@ -299,6 +300,7 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     from grpo_jax import step as step_lib
 
     from grpo_jax import lora as lora_lib
+    from grpo_jax import teacher as teacher_lib
 
     g, seed, m = config.grpo, config.model.init_seed, config.model
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, seed)))
@@ -317,7 +319,8 @@ def abstract_state(config, model_config, mesh) -> Abstract:
         opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, adapters))
         decode_sh = sharding.decode_param_shardings(mesh, params)
         # The sampler decodes from a merged copy: always a second set of weights.
-        return Abstract(graphdef, params, opt_state, None, tx, decode_sh, True, adapters=adapters, lora=spec)
+        return Abstract(graphdef, params, opt_state, None, tx, decode_sh, True, adapters=adapters, lora=spec,
+                        teacher=teacher_lib.abstract_teacher(config, mesh, model_config.vocab_size))
     opt_state = jax.eval_shape(tx.init, params)
     opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, params))
     ref = None
@@ -328,7 +331,8 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     decode_sh = sharding.decode_param_shardings(mesh, params)
     # jax.device_put into an equivalent layout moves nothing (fsdp=1: the two layouts coincide).
     separate = sharding.decode_copy_is_separate(mesh, params)
-    return Abstract(graphdef, params, opt_state, ref, tx, decode_sh, separate)
+    return Abstract(graphdef, params, opt_state, ref, tx, decode_sh, separate,
+                    teacher=teacher_lib.abstract_teacher(config, mesh, model_config.vocab_size))
 
 
 def target_slots(config, rows: int, row_devices: int) -> int:
@@ -429,9 +433,39 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
         tokens=arr((a, rows_per_micro, seq), i32, mb_sh), attention=arr((a, rows_per_micro, seq), i32, mb_sh),
         completion_mask=arr((a, rows_per_micro, c), i32, mb_sh), advantages=arr((a, rows_per_micro), f32, mb_sh),
         old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
-        ref_logp=per_token if st.ref is not None else None)
+        ref_logp=per_token if st.ref is not None else None, **teacher_fields(g, (a, rows_per_micro, c), mb_sh))
     programs["update"] = _compile("update", update_fn.lower(trainable, st.opt_state, batch, *frozen))
+    if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)
+        from grpo_jax import teacher as teacher_lib
+
+        t_graphdef, t_params = st.teacher
+        pass_fn = teacher_lib.make_pass_fn(t_graphdef, s_cfg.temperature, g.loss_top_k, mesh=mesh, params=t_params,
+                                           vocab=model_config.vocab_size)
+        programs["logprobs_teacher"] = _compile("logprobs_teacher", _lower_teacher(pass_fn, t_params, tokens,
+                                                                                   attention, c))
     return programs
+
+
+def teacher_fields(g, shape, sharding_) -> dict:
+    """UpdateBatch's teacher arrays as ShapeDtypeStructs of `shape` ([A, M, C]) plus [K] for top-k."""
+    import jax
+    import jax.numpy as jnp
+
+    if not g.teacher_model_name_or_path:
+        return {}
+    if g.loss_top_k == 0:
+        return {"teacher_logp": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding_)}
+    topk = shape + (g.loss_top_k,)
+    return {"teacher_topk_logp": jax.ShapeDtypeStruct(topk, jnp.float32, sharding=sharding_),
+            "teacher_topk_ids": jax.ShapeDtypeStruct(topk, jnp.int32, sharding=sharding_)}
+
+
+def _lower_teacher(pass_fn, params, tokens, attention, c):
+    """The teacher pass lowered: `make_logprob_fn`'s (k = 0) exposes `.jitted`; the top-k pass is a MeshJit."""
+    inner = getattr(pass_fn, "logprob_fn", None)
+    if inner is not None:
+        return inner.jitted.lower(params, tokens, attention, c)
+    return pass_fn.lower(params, tokens, attention, c)
 
 
 def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_decode_copy: bool
@@ -450,6 +484,13 @@ def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_de
             phases[name] = ({**others, "adapters": sizes["adapters"], "opt_state": sizes["opt_state"],
                              "step_rows": sizes["step_rows"]}, programs[name])
     phases["update"] = ({"reference": sizes["reference"], "step_rows": sizes["step_rows"]}, programs["update"])
+    if "logprobs_teacher" in programs:  # beside it: everything but the teacher, its argument
+        phases["logprobs_teacher"] = ({"params": sizes["params"], "adapters": sizes["adapters"],
+                                       "opt_state": sizes["opt_state"], "reference": sizes["reference"],
+                                       "step_rows": sizes["step_rows"]}, programs["logprobs_teacher"])
+    for name, (resident, _) in phases.items():  # the frozen teacher stays on the devices throughout
+        if name != "logprobs_teacher":
+            resident["teacher"] = sizes.get("teacher", 0)
     return phases
 
 
@@ -492,6 +533,8 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     # The step's rows during the log-prob pass and the update (phases.device_rows): tokens and
     # attention [S], completion mask and sampler log-probs [C], an advantage, ref / old log-probs [C].
     per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.resolved_old_logprobs() == "recompute"))
+    if g.teacher_model_name_or_path:  # the teacher's log-probs [C], or top-k log-probs and ids [C, K]
+        per_row += 4 * c * (1 if g.loss_top_k == 0 else 2 * g.loss_top_k)
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
     cache_tokens = local_rows * seq
     if config.sampling.resolved_engine() == "continuous":  # its slots, plus the prompt store
@@ -505,13 +548,14 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "adapters": bytes_per_device(st.adapters) if st.lora is not None else 0,
         "opt_state": bytes_per_device(st.opt_state),
         "reference": bytes_per_device(st.ref) if st.ref is not None else 0,
+        "teacher": bytes_per_device(st.teacher[1]) if st.teacher is not None else 0,
         "gradients": bytes_per_device(trainable),  # float32 in the trainable's layout, inside the update's temp
         "kv_cache": cache_tokens * kv_per_token,
         "decode_weights": bytes_per_device(decode_copy(st, model_config))
         if st.separate_decode_copy else 0,
         "step_rows": local_rows * per_row,
     }
-    state = sizes["params"] + sizes["adapters"] + sizes["opt_state"] + sizes["reference"]
+    state = sizes["params"] + sizes["adapters"] + sizes["opt_state"] + sizes["reference"] + sizes["teacher"]
 
     programs = {}
     if compile_programs:
@@ -598,10 +642,13 @@ def format_report(f: dict) -> str:
     frozen = m.get("lora_r", 0) > 0
     labels = {"params": "frozen base (LoRA)" if frozen else "params (fp32 masters)",
               "adapters": f"LoRA adapters (r={m.get('lora_r')})", "opt_state": "Adam state", "reference": "reference",
+              "teacher": "teacher (distillation)",
               "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
               "decode_weights": "sampler weights copy", "step_rows": "step's row arrays"}
-    lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items() if k != "adapters" or frozen]
-    lines.append(f"  {'params+Adam+ref+grads':<28}{f['state_bytes']:>14,} {f['state_bytes'] / 2**30:>9.3f}")
+    lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items()
+              if (k != "adapters" or frozen) and (k != "teacher" or v)]
+    state_label = "params+Adam+ref+teacher+grads" if b.get("teacher") else "params+Adam+ref+grads"
+    lines.append(f"  {state_label:<28}{f['state_bytes']:>14,} {f['state_bytes'] / 2**30:>9.3f}")
     lines.append(f"  {'trainable (+Adam, grads)':<28}{f['trainable_state_bytes']:>14,} "
                  f"{f['trainable_state_bytes'] / 2**30:>9.3f}   ({count(m['trainable_params'])} params train)")
     if f["programs"]:

@@ -164,6 +164,18 @@ class GRPOSection:
     ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps (beta > 0)
     # Update/log-prob passes on length-sorted rows cut to bucketed lengths; auto: where it runs fewer tokens.
     bucket_by_length: Literal["auto", "on", "off"] = "auto"
+    # On-policy distillation (grpo_jax.distillation, grpo_jax.teacher): the student's reverse KL to a
+    # frozen teacher on its own samples, added to the policy loss. Grouped here, not in a section of
+    # its own: it is one more term of this loss over the same tokens and normaliser, and the update
+    # reads it from this section as it reads `beta` (no new argument through step/length_buckets).
+    # TRL's names (DistillationConfig) where TRL has one; prime-rl's `teacher_tau` for the weight.
+    teacher_model_name_or_path: str | None = None  # a local HF checkpoint directory; None: no teacher
+    teacher_tau: float = 1.0  # loss = policy loss + teacher_tau * distillation loss
+    # 0: the sampled token's log-ratio (Thinking Machines' estimate; TRL's 0 means the full
+    # vocabulary, which here is loss_top_k = vocab size); K > 0: exact KL over the teacher's top K.
+    loss_top_k: int = 0
+    loss_add_tail: bool = True  # top-k: one bucket for the mass outside the K ids (TRL's default)
+    teacher_dtype: Literal["float32", "bfloat16"] = "float32"  # as ref_dtype: the teacher's weights
 
     def resolved_old_logprobs(self) -> Literal["sampler", "recompute", "in_loss"]:
         """Where pi_old comes from: the sampler's log-probs, a separate trainer pass over the batch
@@ -397,6 +409,7 @@ def validate(config: Config) -> None:
             "used (or kept, or checkpointed); set grpo.beta > 0 or grpo.ref_resync_every=0"
         )
     _validate_off_policy(config)
+    _validate_distillation(g)
     if g.num_generations < 2:
         raise ConfigError(
             f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
@@ -473,6 +486,21 @@ def _validate_lora(m: ModelSection, g: GRPOSection) -> None:
             raise ConfigError(
                 f"grpo.ref_resync_every={g.ref_resync_every} with model.lora_r={m.lora_r}: the reference is the "
                 "frozen base itself; set grpo.ref_resync_every=0")
+
+
+def _validate_distillation(g: GRPOSection) -> None:
+    """The on-policy distillation rules (validate); the teacher's path and vocabulary are checked
+    where it is read (grpo_jax.teacher.load, and `check`)."""
+    if g.teacher_tau < 0:
+        raise ConfigError(f"grpo.teacher_tau={g.teacher_tau} must be >= 0 (the distillation loss's weight)")
+    if g.loss_top_k < 0:
+        raise ConfigError(f"grpo.loss_top_k={g.loss_top_k} must be >= 0 (0: the sampled token; K: the teacher's "
+                          "top K tokens)")
+    if g.teacher_model_name_or_path is not None and not g.teacher_model_name_or_path.strip():
+        raise ConfigError("grpo.teacher_model_name_or_path is empty; give a checkpoint directory or None")
+    if g.teacher_model_name_or_path and g.bucket_by_length == "on":
+        raise ConfigError("grpo.bucket_by_length='on' with grpo.teacher_model_name_or_path: the teacher's pass "
+                          "runs over whole rows; set grpo.bucket_by_length='off' (or 'auto', which turns off)")
 
 
 def _validate_off_policy(config: Config) -> None:

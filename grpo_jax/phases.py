@@ -236,6 +236,7 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
 
 def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, step: int):
     """Phase 5: (ref_logp or None, old_logp), [B, C] global arrays; dispatched, not waited for.
+    With a distillation teacher (`ctx.teacher`), its pass's arrays are added to `rows`.
 
     pi_old (`GRPOSection.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
     over the batch ("recompute"), or None ("in_loss": the loss reads its own). Length-bucketed
@@ -255,11 +256,17 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, st
                                        chunks, num_targets=num_targets, mesh=ctx.mesh)
 
     ref_logp = pass_over_rows(ctx.reference_params(state)) if ctx.uses_reference else None
+    teacher = {}
+    # getattr: research code (and tests) drive these phases with a context of their own making.
+    if getattr(ctx, "teacher", None) is not None:  # on-policy distillation: the teacher's view of the rows
+        teacher = ctx.teacher.targets(rows["tokens"], rows["attention"], num_targets=num_targets)
+        rows.update(teacher)  # read by `update` (UpdateBatch's teacher fields)
     source = g.resolved_old_logprobs()
     old_logp = {"sampler": rows["sampler_logp"], "in_loss": None}.get(source)
     if source == "recompute":
         old_logp = pass_over_rows(ctx.policy_params(state))
     computed = [x for x in (ref_logp, old_logp if source == "recompute" else None) if x is not None]
+    computed += list(teacher.values())
     if computed:
         times.watch(f"logprobs:{step}", computed)
     return ref_logp, old_logp
@@ -279,6 +286,9 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
         old_logp=old_logp,
         sampler_logp=rows["sampler_logp"],
         ref_logp=ref_logp,
+        teacher_logp=rows.get("teacher_logp"),
+        teacher_topk_logp=rows.get("teacher_topk_logp"),
+        teacher_topk_ids=rows.get("teacher_topk_ids"),
     )
     n_rows, num_targets = rows["completion_mask"].shape
     prompt_len = rows["tokens"].shape[1] - num_targets

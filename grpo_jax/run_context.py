@@ -23,6 +23,7 @@ from grpo_jax import rollout as rollout_lib
 from grpo_jax import run_paths
 from grpo_jax import sharding
 from grpo_jax import step as step_lib
+from grpo_jax import teacher as teacher_lib
 from grpo_jax.chat_template_bounds import RenderLimits
 from grpo_jax.processes import Processes
 from grpo_jax.sampler import Sampler, SamplingConfig
@@ -98,6 +99,9 @@ class RunContext:
     rollout: RolloutPlacement | None = None  # train.max_staleness > 0
     lora: lora_lib.LoraSpec | None = None  # model.lora_r > 0
     merge_fn: Any = None  # LoRA: jitted (adapters, base) -> full params, training layout
+    # On-policy distillation (grpo.teacher_model_name_or_path): the frozen teacher (grpo_jax.teacher),
+    # here and not in RunState: never trained, never checkpointed, read from its path again on resume.
+    teacher: Any = None
 
     @property
     def uses_reference(self) -> bool:
@@ -361,8 +365,9 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     logprob_fn = step_lib.make_logprob_fn(
         graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
         row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
+    # The teacher's pass runs over whole rows, not length buckets (config validation refuses "on").
     bucketing = length_buckets.make_bucketing(
-        g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
+        "off" if g_cfg.teacher_model_name_or_path else g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
         compiler_options=options,
     )
@@ -422,6 +427,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
+    teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
     # What trains: every weight, or (LoRA) adapters over a frozen base.
     spec = base = merge_fn = None
     if config.model.lora_r:
@@ -465,6 +471,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
                                   params if base is None else base),
         lora=spec,
         merge_fn=merge_fn,
+        teacher=teacher,
     )
     return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None,
                              base_params=base)

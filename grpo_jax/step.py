@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from grpo_jax import config as config_lib
+from grpo_jax import distillation
 from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
@@ -69,6 +70,12 @@ class UpdateBatch:
     old_logp: jax.Array | None  # None: pi_old is the loss's own log-probs (one update per batch)
     sampler_logp: jax.Array
     ref_logp: jax.Array | None
+    # On-policy distillation (grpo.teacher_model_name_or_path; grpo_jax.teacher): the teacher's
+    # log-prob of each completion token [A, M, C] (grpo.loss_top_k = 0), or its top-K ids and their
+    # log-probs [A, M, C, K]; None without a teacher.
+    teacher_logp: jax.Array | None = None
+    teacher_topk_logp: jax.Array | None = None
+    teacher_topk_ids: jax.Array | None = None
 
 
 jax.tree_util.register_dataclass(
@@ -165,7 +172,11 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             temperature=temperature,
             return_entropy=True,
             group_size=group_size,
+            gather_ids_BxCxK=mb.teacher_topk_ids,
         )
+        student_topk_logp = None
+        if mb.teacher_topk_ids is not None:
+            logp, student_topk_logp = logp
         # pi_old: given, or (one update per batch: these very params) the loss's own log-probs.
         old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
         mask = mb.completion_mask.astype(jnp.float32)
@@ -191,9 +202,17 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             normalizer=normalizer,
             is_weights=is_weights,
         )
+        distill_metrics = {}
+        if grpo.teacher_model_name_or_path:
+            distill_loss, distill_metrics = distillation.distillation_loss(
+                logp, mb.completion_mask, teacher_logp_NxT=mb.teacher_logp, old_logp_NxT=mb.old_logp,
+                student_topk_logp_NxTxK=student_topk_logp, teacher_topk_logp_NxTxK=mb.teacher_topk_logp,
+                add_tail=grpo.loss_add_tail, aggregation=grpo.aggregation, max_len=num_targets,
+                normalizer=normalizer)
+            loss = loss + grpo.teacher_tau * distill_loss
         num_tokens = mask.sum()
         denom = jnp.maximum(num_tokens, 1.0)
-        metrics = {**metrics, **is_metrics}
+        metrics = {**metrics, **is_metrics, **distill_metrics}
         metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
         if not is_metrics:
             # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
@@ -241,7 +260,9 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     `sampling/sampling_logp_difference/{mean,max}`; without the correction that difference is
     the loss's log-probs vs the sampler's), `loss`, `grad_norm` (before clipping), `num_tokens`, and
     `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
-    and optimizer state come back unchanged.
+    and optimizer state come back unchanged. With a distillation teacher
+    (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
+    times `distillation.distillation_loss` and the metrics its `distillation/reverse_kl`.
     """
     grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
 

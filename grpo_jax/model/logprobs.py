@@ -13,15 +13,18 @@ from grpo_jax.model.transformer import default_positions
 _MAX_LOGITS_ELEMENTS = 1 << 26
 
 
-def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy):
+def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy, ids_BxCxK=None):
     """log softmax(logits / T)[target] and (optionally) the entropy, without a [B, C, V] log-prob
     array: the target's logit is picked by a one-hot mask (its gradient is the mask again,
-    elementwise; `take_along_axis` differentiates into a scatter)."""
+    elementwise; `take_along_axis` differentiates into a scatter). With `ids_BxCxK`, also the
+    log-probs of those ids [B, C, K] (distillation's top-k; K is small, so a gather)."""
     scaled = logits_BxCxV.astype(jnp.float32) / temperature
     shifted = scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))
     lse_BxC = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
     is_target = jnp.arange(scaled.shape[-1], dtype=jnp.int32) == targets_BxC[..., None]
     logp_BxC = jnp.sum(jnp.where(is_target, shifted, 0.0), axis=-1) - lse_BxC
+    if ids_BxCxK is not None:
+        logp_BxC = (logp_BxC, jnp.take_along_axis(shifted, ids_BxCxK, axis=-1) - lse_BxC[..., None])
     if not return_entropy:
         return logp_BxC, None
     # Seed, "Entropy": H = -sum_v p_v log p_v = lse - sum_v p_v * shifted_v (log p_v = shifted_v - lse).
@@ -31,7 +34,7 @@ def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy):
 
 def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
                    temperature: float = 1.0, return_entropy: bool = False,
-                   chunk_size: int | None = None, group_size: int = 1):
+                   chunk_size: int | None = None, group_size: int = 1, gather_ids_BxCxK=None):
     """log softmax(logits / temperature)[token t] given tokens[:, :t], for t in [S - C, S).
 
     Returns logp_BxC float32 (C = num_targets), or (logp_BxC, entropy_BxC) with
@@ -46,6 +49,9 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
     same log-probs with 1 - (P + G*C) / (G*S) fewer tokens in every projection (W1's figure in
     benchmarks/NOTES.md).
     The caller guarantees the shared prompts; they are not checked here (the first row's is used).
+
+    gather_ids_BxCxK (int32, optional): then logp_BxC is the pair (logp_BxC, logp_BxCxK), the
+    log-probs of these ids at each target position as well (on-policy distillation's top-k).
     """
     b, s = tokens_BxS.shape
     c = num_targets
@@ -77,7 +83,8 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
     if chunk_size is None:
         chunk_size = c if b * c * v <= _MAX_LOGITS_ELEMENTS else max(1, _MAX_LOGITS_ELEMENTS // (b * v))
     if chunk_size >= c:
-        logp, ent = _target_logprobs(model.logits(h_BxCxD), targets_BxC, temperature, return_entropy)
+        logp, ent = _target_logprobs(model.logits(h_BxCxD), targets_BxC, temperature, return_entropy,
+                                     gather_ids_BxCxK)
         return (logp, ent) if return_entropy else logp
 
     num_chunks = -(-c // chunk_size)
@@ -87,15 +94,26 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
     # [num_chunks, B, chunk, ...] so lax.map walks chunks in order.
     h_chunks = h_pad.reshape(b, num_chunks, chunk_size, -1).transpose(1, 0, 2, 3)
     t_chunks = t_pad.reshape(b, num_chunks, chunk_size).transpose(1, 0, 2)
+    ids_chunks = None
+    if gather_ids_BxCxK is not None:
+        k = gather_ids_BxCxK.shape[-1]
+        ids_pad = jnp.pad(gather_ids_BxCxK, ((0, 0), (0, pad), (0, 0)))
+        ids_chunks = ids_pad.reshape(b, num_chunks, chunk_size, k).transpose(1, 0, 2, 3)
 
     @jax.checkpoint
     def one_chunk(args):
-        h, t = args
-        logp, ent = _target_logprobs(model.logits(h), t, temperature, return_entropy)
-        return logp, (jnp.zeros_like(logp) if ent is None else ent)
+        h, t, ids = args
+        logp, ent = _target_logprobs(model.logits(h), t, temperature, return_entropy, ids)
+        token_logp = logp[0] if ids is not None else logp
+        return logp, (jnp.zeros_like(token_logp) if ent is None else ent)
 
-    logp_chunks, ent_chunks = jax.lax.map(one_chunk, (h_chunks, t_chunks))
+    logp_chunks, ent_chunks = jax.lax.map(one_chunk, (h_chunks, t_chunks, ids_chunks))
+    if gather_ids_BxCxK is not None:
+        logp_chunks, ids_logp_chunks = logp_chunks
+        ids_logp = ids_logp_chunks.transpose(1, 0, 2, 3).reshape(b, num_chunks * chunk_size, -1)[:, :c]
     logp = logp_chunks.transpose(1, 0, 2).reshape(b, -1)[:, :c]
+    if gather_ids_BxCxK is not None:
+        logp = (logp, ids_logp)
     if not return_entropy:
         return logp
     return logp, ent_chunks.transpose(1, 0, 2).reshape(b, -1)[:, :c]
