@@ -188,13 +188,16 @@ def gdpo_advantages(
     w_K = jnp.ones(num_funcs, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
     if w_K.shape != (num_funcs,):
         raise ValueError(f"weights has shape {w_K.shape}, expected ({num_funcs},): one per reward function")
-    # [K * M, G]: one row per (function, group).
-    r_LxG = r_NxK.T.reshape(num_funcs * (num_rows // group_size), group_size)
+    # [M * K, G]: one row per (group, function); groups stay the major axis, as the batch is split.
+    num_groups = num_rows // group_size
+    r_MxKxG = r_NxK.reshape(num_groups, group_size, num_funcs).transpose(0, 2, 1)
+    r_LxG = r_MxKxG.reshape(num_groups * num_funcs, group_size)
     valid_LxG = ~jnp.isnan(r_LxG)
     mean_L, std_L, constant_L = _group_stats(r_LxG, valid_LxG, ddof=1)
     norm_LxG = jnp.where(constant_L[:, None] | ~valid_LxG, 0.0,
                          (r_LxG - mean_L[:, None]) / (std_L[:, None] + eps))
-    s_N = (norm_LxG.reshape(num_funcs, num_rows) * w_K[:, None]).sum(axis=0)
+    norm_MxKxG = norm_LxG.reshape(num_groups, num_funcs, group_size)
+    s_N = (norm_MxKxG * w_K[None, :, None]).sum(axis=1).reshape(num_rows)
     scored_N = (~jnp.isnan(r_NxK)).any(axis=1)
     return _batch_normalize(s_N, scored_N, eps, axis_name)
 

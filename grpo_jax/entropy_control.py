@@ -45,7 +45,10 @@ def entropy_quantile(entropy: jax.Array, mask: jax.Array, q: float, *, axis_name
     lo = jnp.floor(pos).astype(jnp.int32)
     hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
     v_lo, v_hi = sorted_v[lo], sorted_v[hi]
-    return jnp.where(n > 0, v_lo + (pos - lo) * (v_hi - v_lo), jnp.inf)
+    value = jnp.where(n > 0, v_lo + (pos - lo) * (v_hi - v_lo), jnp.inf)
+    # Every device computed the same number from the same gathered values; pmax says so to
+    # shard_map (all_gather's result counts as per-device).
+    return value if axis_name is None else jax.lax.pmax(value, axis_name)
 
 
 def high_entropy_mask(entropy: jax.Array, mask: jax.Array, top_quantile: float, *,
