@@ -129,6 +129,12 @@ def controller(initial_coef: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
+def with_controller(tx: optax.GradientTransformation, grpo) -> optax.GradientTransformation:
+    """The trainer's optimizer with the controller chained after it when `grpo.use_adaptive_entropy`
+    (a `config.GRPOSection`), else `tx` itself (so the optimizer state is unchanged by default)."""
+    return optax.chain(tx, controller(grpo.entropy_coef)) if grpo.use_adaptive_entropy else tx
+
+
 def applied_coef(state: EntropyControlState, target: float) -> jax.Array:
     """The coefficient this update applies: the state's while the last measured entropy is
     <= target, else 0 (TRL: the bonus engages only near collapse)."""

@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import entropy_control
@@ -395,8 +394,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     if config.model.lora_r:
         spec, params, base, merge_fn = lora_state(config, mesh, params)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
-    if g_cfg.use_adaptive_entropy:  # its state rides in opt_state: sharded, checkpointed, restored with it
-        tx = optax.chain(tx, entropy_control.controller(g_cfg.entropy_coef))
+    tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
                                                       params=params, opt_state=opt_state, lora=spec, frozen=base,

@@ -241,3 +241,37 @@ def test_parity_gdpo_with_verl_on_one_token_answers():
     ours = est.gdpo_advantages(jnp.asarray(per_func), g, weights=jnp.asarray(weights), eps=1e-6)
     np.testing.assert_allclose(np.asarray(ours), theirs.numpy()[:, 0], atol=PARITY_ATOL)
     assert np.abs(theirs.numpy()).max() > 0.5
+
+
+def test_the_score_phase_feeds_each_estimator_what_it_needs():
+    # phases.score: lengths are the loss's real tokens (after mask_truncated_completions), GDPO gets
+    # each function's values under the truncation rule and the tasks' weights.
+    import types
+
+    from grpo_jax import config as config_lib
+    from grpo_jax import phases
+    from grpo_jax.rewards import WeightedReward
+
+    mask = np.array([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]], np.int32)
+    truncated = np.array([False, True, False, False])
+    parts = {"acc": np.array([1.0, 1.0, 0.0, 0.0], np.float32), "fmt": np.array([1.0, 0.0, 1.0, 1.0], np.float32)}
+    rewards = phases.truncation_rule(parts["acc"] + 0.5 * parts["fmt"], truncated, "at_most_zero")
+    batch = types.SimpleNamespace(rewards=rewards, reward_parts=parts, truncated=truncated, arrays={"mask": mask})
+    task = types.SimpleNamespace(reward_fns=lambda: [WeightedReward("acc", None, 1.0),
+                                                     WeightedReward("fmt", None, 0.5)])
+
+    def score(**grpo):
+        cfg = config_lib.Config(grpo=config_lib.GRPOSection(num_generations=2, prompts_per_step=2, **grpo))
+        return phases.score(types.SimpleNamespace(config=cfg, task=task), batch)
+
+    adv, m = score(adv_estimator="opo", mask_truncated_completions=True)
+    # Row 1 is truncated: reward min(1.5, 0) = 0 and 0 tokens; group 0 = rewards (1.5, 0), lengths
+    # (1, 0): b = 1.5, A = (0, -1.5). Group 1 = (0.5, 0.5): 0.
+    np.testing.assert_allclose(adv, [0.0, -1.5, 0.0, 0.0], atol=ATOL)
+    assert m[1].sum() == 0
+    adv, _ = score(adv_estimator="gdpo")
+    want = est.gdpo_advantages(jnp.array([[1.0, 1.0], [0.0, 0.0], [0.0, 1.0], [0.0, 1.0]]), 2,
+                               weights=jnp.array([1.0, 0.5]))
+    np.testing.assert_allclose(adv, want, atol=ATOL)
+    adv, _ = score()  # the default: group_advantages of the total, today's numbers exactly
+    assert np.array_equal(adv, np.asarray(group_advantages(jnp.asarray(rewards), 2)))
