@@ -337,8 +337,9 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
         graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
         row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
     # The adaptive entropy controller lives in opt_state, which only the unbucketed update reads.
+    bucket_mode = "off" if g_cfg.use_adaptive_entropy else g_cfg.bucket_by_length
     bucketing = length_buckets.make_bucketing(
-        "off" if g_cfg.use_adaptive_entropy else g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
+        bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
         compiler_options=options,
     )
