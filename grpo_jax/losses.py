@@ -366,7 +366,8 @@ def grpo_loss(
       (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
         "policy_loss": -aggregate(weighted clipped term) over the same normaliser, so
           loss = policy_loss + beta * (aggregated KL);
-        "kl": token mean of the KL estimator (0 when ref_logp is None);
+        "kl": token mean of the KL estimator, times rho with use_bias_correction_kl (0 when
+          ref_logp is None);
         "clip_ratio/low_mean": token fraction clipped below (rho < 1 - eps_low and A < 0);
         "clip_ratio/high_mean": token fraction clipped above (rho > 1 + eps_high and A > 0);
         "clip_ratio/region_mean": token fraction outside [1 - eps_low, 1 + eps_high] (the seed's

@@ -270,7 +270,8 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     metrics (float32 scalars): grpo_loss's, `entropy`, the sampler correction's
     (`losses.sampler_correction`: `sampling/importance_sampling_ratio/*`, pi_old vs the sampler's
     `sampling/sampling_logp_difference/{mean,max}`; without the correction that difference is
-    the loss's log-probs vs the sampler's), `loss`, `grad_norm` (before clipping), `num_tokens`, and
+    the loss's log-probs vs the sampler's), `entropy_coef` (with an entropy bonus: the applied
+    coefficient, or the adaptive controller's next one), `loss`, `grad_norm` (before clipping), `num_tokens`, and
     `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
     and optimizer state come back unchanged.
     """
