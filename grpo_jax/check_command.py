@@ -296,7 +296,7 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     from flax import nnx
 
     from grpo_jax import model as model_lib
-    from grpo_jax import optim, sharding
+    from grpo_jax import entropy_control, optim, sharding
     from grpo_jax import step as step_lib
 
     from grpo_jax import lora as lora_lib
@@ -307,6 +307,7 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     params = jax.eval_shape(lambda: nnx.split(model_lib.init_model(model_config, seed))[1])
     params = _with_shardings(params, sharding.param_shardings(mesh, params))
     tx, _ = optim.make_optimizer(config.optim, config.train.steps * g.num_iterations * g.num_minibatches)
+    tx = entropy_control.with_controller(tx, g)  # as the trainer's (run_context.build)
     spec = lora_lib.LoraSpec.from_model_section(m)
     if spec is not None:  # adapters train over a frozen base (run_context.lora_state)
         if m.lora_base_dtype == "bfloat16":

@@ -176,6 +176,22 @@ class GRPOSection:
     loss_top_k: int = 0
     loss_add_tail: bool = True  # top-k: one bucket for the mass outside the K ids (TRL's default)
     teacher_dtype: Literal["float32", "bfloat16"] = "float32"  # as ref_dtype: the teacher's weights
+    # Advantage estimator by verl's name (grpo_jax.advantage_estimators); "grpo": group_advantages.
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "opo",
+                           "grpo_passk"] = "grpo"
+    # TRL's: the k3 KL times the differentiable ratio pi_theta / pi_old (DeepSeek-V3.2); only with beta > 0.
+    use_bias_correction_kl: bool = True
+    # Entropy control, TRL's names: loss -= entropy_coef * H (H aggregated like the policy loss), and
+    # the policy term only on the top `top_entropy_quantile` of tokens by entropy (Beyond the 80/20 Rule).
+    entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
+    # Skywork-OR1's adaptive coefficient: applied only while entropy <= entropy_target, moved by
+    # entropy_coef_delta each update (up below the target, down above it) within [min, max].
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
 
     def resolved_old_logprobs(self) -> Literal["sampler", "recompute", "in_loss"]:
         """Where pi_old comes from: the sampler's log-probs, a separate trainer pass over the batch
@@ -410,6 +426,7 @@ def validate(config: Config) -> None:
         )
     _validate_off_policy(config)
     _validate_distillation(g)
+    _validate_estimator_and_entropy(g)
     if g.num_generations < 2:
         raise ConfigError(
             f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
@@ -463,6 +480,23 @@ def validate(config: Config) -> None:
             raise ConfigError(
                 f"model.num_heads={m.num_heads} must be a multiple of " f"model.num_kv_heads={m.num_kv_heads}"
             )
+
+
+def _validate_estimator_and_entropy(g: GRPOSection) -> None:
+    if g.adv_estimator == "grpo_passk" and g.scale_rewards == "batch":
+        raise ConfigError("grpo.adv_estimator='grpo_passk' divides by its group's std ('group') or by nothing "
+                          "('none'); grpo.scale_rewards='batch' has no meaning there")
+    if not 0 <= g.top_entropy_quantile <= 1:
+        raise ConfigError(f"grpo.top_entropy_quantile={g.top_entropy_quantile} must be in [0, 1] (1 keeps every token; "
+                          "the 80/20 paper uses 0.2)")
+    for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"):
+        _positive(f"grpo.{key}", getattr(g, key), allow_zero=True)
+    if g.use_adaptive_entropy and g.bucket_by_length == "on":
+        raise ConfigError("grpo.use_adaptive_entropy keeps its controller in the optimizer state, which the "
+                          "length-bucketed update does not read: set grpo.bucket_by_length='auto' or 'off'")
+    if g.use_adaptive_entropy and not g.entropy_coef_min <= g.entropy_coef <= g.entropy_coef_max:
+        raise ConfigError(f"grpo.entropy_coef={g.entropy_coef} (the adaptive controller's start) must lie in "
+                          f"[grpo.entropy_coef_min, grpo.entropy_coef_max] = [{g.entropy_coef_min}, {g.entropy_coef_max}]")
 
 
 def _validate_lora(m: ModelSection, g: GRPOSection) -> None:

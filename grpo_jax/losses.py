@@ -325,6 +325,7 @@ def grpo_loss(
     normalizer: jax.Array | float | None = None,
     axis_name: str | None = None,
     is_weights: jax.Array | None = None,
+    use_bias_correction_kl: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
 
@@ -356,12 +357,17 @@ def grpo_loss(
       axis_name: mapped batch axis (shard_map/pmap) for global normalisers and metrics.
       is_weights: [N, T] (or [N, 1]) importance weights pi_old / pi_sampler from
         `sampler_correction`, or None (no correction). Treated as constants.
+      use_bias_correction_kl: TRL's option (DeepSeek-V3.2, eq. 8): KL_{i,t} is multiplied by rho_{i,t}
+        (differentiable; GSPO's per-answer rho with ratio="sequence"), so that the k3 estimate,
+        taken on tokens sampled from pi_old, is unbiased for KL(pi_theta || pi_ref). Off (this
+        function's default): the seed's k3. The trainer's default is on, as TRL 1.16's.
 
     Returns:
       (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
         "policy_loss": -aggregate(weighted clipped term) over the same normaliser, so
           loss = policy_loss + beta * (aggregated KL);
-        "kl": token mean of the KL estimator (0 when ref_logp is None);
+        "kl": token mean of the KL estimator, times rho with use_bias_correction_kl (0 when
+          ref_logp is None);
         "clip_ratio/low_mean": token fraction clipped below (rho < 1 - eps_low and A < 0);
         "clip_ratio/high_mean": token fraction clipped above (rho > 1 + eps_high and A > 0);
         "clip_ratio/region_mean": token fraction outside [1 - eps_low, 1 + eps_high] (the seed's
@@ -404,6 +410,8 @@ def grpo_loss(
             jnp.where(real_NxT, jnp.asarray(ref_logp, jnp.float32), 0.0),
             kl,
         )
+        if use_bias_correction_kl:
+            kl_NxT = kl_NxT * rho_NxT
     objective_NxT = surrogate_NxT - beta * kl_NxT
     if normalizer is None:
         normalizer = loss_normalizer(real_NxT, aggregation, max_len=max_len, axis_name=axis_name)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import advantage_estimators as estimators
 from grpo_jax import advantages as adv_lib
 from grpo_jax import length_buckets
 from grpo_jax import metric_rules
@@ -204,17 +205,27 @@ def score(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
     """Phase 4: (advantages [B] float32, completion mask [B, C] int32 of the tokens that train).
 
     Truncated completions are masked out of the loss with `grpo.mask_truncated_completions`; their
-    rewards still count in their groups' baselines."""
+    rewards still count in their groups' baselines. `grpo.adv_estimator` picks the estimator
+    (`advantage_estimators.estimator_advantages`); its lengths are the loss's real tokens per row."""
     g = ctx.config.grpo
-    advantages = np.asarray(
-        adv_lib.group_advantages(
-            jnp.asarray(batch.rewards), g.num_generations, scale=g.scale_rewards, eps=g.advantage_eps
-        ),
-        np.float32,
-    )
     completion_mask = batch.arrays["mask"].astype(np.int32)
     if g.mask_truncated_completions:
         completion_mask = completion_mask * (~batch.truncated)[:, None]
+    per_func, weights = None, None
+    if g.adv_estimator == "gdpo":
+        # Each function's own values, under the same truncation rule as the total, in reward_fns order.
+        specs = ctx.task.reward_fns()
+        per_func = np.stack([truncation_rule(batch.reward_parts[r.name], batch.truncated, g.truncated_reward)
+                             for r in specs], axis=1)
+        weights = np.array([r.weight for r in specs], np.float32)
+    advantages = np.asarray(
+        estimators.estimator_advantages(
+            g.adv_estimator, jnp.asarray(batch.rewards), g.num_generations,
+            lengths=jnp.asarray(completion_mask.sum(axis=1)), rewards_per_func=per_func, weights=weights,
+            scale=g.scale_rewards, eps=g.advantage_eps,
+        ),
+        np.float32,
+    )
     return advantages, completion_mask
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import config as config_lib
+from grpo_jax import entropy_control
 from grpo_jax import length_buckets
 from grpo_jax import lora as lora_lib
 from grpo_jax import model as model_lib
@@ -365,9 +366,11 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     logprob_fn = step_lib.make_logprob_fn(
         graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
         row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
-    # The teacher's pass runs over whole rows, not length buckets (config validation refuses "on").
+    # The teacher's pass runs over whole rows, not length buckets (config validation refuses "on"); the
+    # adaptive entropy controller lives in opt_state, which only the unbucketed update reads.
+    bucket_mode = "off" if g_cfg.teacher_model_name_or_path or g_cfg.use_adaptive_entropy else g_cfg.bucket_by_length
     bucketing = length_buckets.make_bucketing(
-        "off" if g_cfg.teacher_model_name_or_path else g_cfg.bucket_by_length, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
+        bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
         compiler_options=options,
     )
@@ -433,6 +436,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     if config.model.lora_r:
         spec, params, base, merge_fn = lora_state(config, mesh, params)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
+    tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
                                                       params=params, opt_state=opt_state, lora=spec, frozen=base,

@@ -31,6 +31,7 @@ import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import distillation
+from grpo_jax import entropy_control
 from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
@@ -87,10 +88,12 @@ jax.tree_util.register_dataclass(
 # "min" / "max": over the pieces that hold tokens; every other metric is a token mean, so the pieces'
 # values are weighted by their real-token counts (a piece whose tokens are all masked counts 0).
 _SHARES = ("loss", "policy_loss")
+# Sums over the update's micro-batches that the adaptive entropy controller reads; not logged.
+_CONTROLLER_SUMS = ("entropy_control/entropy_sum", "entropy_control/num_tokens")
 
 
 def _reduction(name: str) -> str:
-    if name in _SHARES:
+    if name in _SHARES or name in _CONTROLLER_SUMS:
         return "share"
     if name.endswith("/min"):
         return "min"
@@ -161,7 +164,7 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
     metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
     adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
 
-    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None):
+    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None, entropy_coef=None):
         num_targets = mb.completion_mask.shape[-1]
         logp, entropy = model_lib.token_logprobs(
             graphdef,
@@ -185,6 +188,13 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             is_weights, is_metrics = losses.sampler_correction(
                 old_logp, mb.sampler_logp, mask, grpo.vllm_importance_sampling_mode,
                 clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
+        # top_entropy_quantile: the clipped term only on the micro-batch's high-entropy tokens (a
+        # constant 0/1 weight beside the sampler correction's; the KL and the normaliser keep every token).
+        entropy_mask = None
+        if grpo.top_entropy_quantile < 1.0:
+            entropy_mask = entropy_control.high_entropy_mask(entropy, mask, grpo.top_entropy_quantile)
+            keep = entropy_mask.astype(jnp.float32)
+            is_weights = keep if is_weights is None else is_weights * keep
         # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
         loss, metrics = losses.grpo_loss(
             logp,
@@ -201,6 +211,7 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             ratio=grpo.ratio,
             normalizer=normalizer,
             is_weights=is_weights,
+            use_bias_correction_kl=grpo.use_bias_correction_kl,
         )
         distill_metrics = {}
         if grpo.teacher_model_name_or_path:
@@ -210,6 +221,15 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
                 add_tail=grpo.loss_add_tail, aggregation=grpo.aggregation, max_len=num_targets,
                 normalizer=normalizer)
             loss = loss + grpo.teacher_tau * distill_loss
+        if grpo.entropy_coef != 0.0 or grpo.use_adaptive_entropy:
+            coef = grpo.entropy_coef if entropy_coef is None else entropy_coef
+            bonus = entropy_control.entropy_bonus(entropy, mask, grpo.aggregation, entropy_mask=entropy_mask,
+                                                  max_len=num_targets, normalizer=normalizer)
+            loss = loss - coef * bonus
+            metrics["entropy_coef"] = jnp.asarray(coef, jnp.float32)
+            active = mask if entropy_mask is None else mask * entropy_mask
+            metrics["entropy_control/entropy_sum"] = jax.lax.stop_gradient((entropy * active).sum())
+            metrics["entropy_control/num_tokens"] = active.sum()
         num_tokens = mask.sum()
         denom = jnp.maximum(num_tokens, 1.0)
         metrics = {**metrics, **is_metrics, **distill_metrics}
@@ -225,12 +245,23 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
     return loss_fn
 
 
-def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A):
+def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
     """One AdamW step with the summed gradient of a batch's A micro-batches (their metrics [A]
-    each, their real-token counts tokens_A), skipped when the loss or gradient is not finite."""
+    each, their real-token counts tokens_A), skipped when the loss or gradient is not finite.
+    With `grpo.use_adaptive_entropy` the controller in opt_state moves by this update's entropy."""
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     metrics = _combine_micro_batches(metrics_A, tokens_A)
+    entropy_sum = metrics.pop("entropy_control/entropy_sum", None)
+    active_tokens = metrics.pop("entropy_control/num_tokens", None)
+    if grpo is not None and grpo.use_adaptive_entropy:
+        # TRL: the update's entropy over the tokens the loss trains on, then the coefficient for the next.
+        measured = entropy_sum / jnp.maximum(active_tokens, 1.0)
+        coef = entropy_control.next_coef(
+            optax.tree_utils.tree_get(opt_state, "entropy_coef"), measured, target=grpo.entropy_target,
+            delta=grpo.entropy_coef_delta, coef_min=grpo.entropy_coef_min, coef_max=grpo.entropy_coef_max)
+        new_opt_state = optax.tree_utils.tree_set(new_opt_state, entropy_coef=coef, last_entropy=measured)
+        metrics["entropy_coef"] = coef  # TRL logs the coefficient after the update
     grad_norm = global_norm(grads)
     # One NaN or inf (a reward, a log-prob, an overflow) would make every weight NaN and Adam's
     # moments with them: such an update is skipped, params and optimizer state unchanged.
@@ -258,7 +289,8 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     metrics (float32 scalars): grpo_loss's, `entropy`, the sampler correction's
     (`losses.sampler_correction`: `sampling/importance_sampling_ratio/*`, pi_old vs the sampler's
     `sampling/sampling_logp_difference/{mean,max}`; without the correction that difference is
-    the loss's log-probs vs the sampler's), `loss`, `grad_norm` (before clipping), `num_tokens`, and
+    the loss's log-probs vs the sampler's), `entropy_coef` (with an entropy bonus: the applied
+    coefficient, or the adaptive controller's next one), `loss`, `grad_norm` (before clipping), `num_tokens`, and
     `skipped_updates`: 1 when the loss or the gradient norm was not finite, in which case params
     and optimizer state come back unchanged. With a distillation teacher
     (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
@@ -271,20 +303,26 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
         normalizer = losses.loss_normalizer(
             batch.completion_mask.reshape(-1, num_targets), grpo.aggregation, max_len=num_targets
         )
+        coef = None
+        if grpo.use_adaptive_entropy:  # the controller's state rides in opt_state (entropy_control.controller)
+            state = entropy_control.EntropyControlState(optax.tree_utils.tree_get(opt_state, "entropy_coef"),
+                                                        optax.tree_utils.tree_get(opt_state, "last_entropy"))
+            coef = entropy_control.applied_coef(state, grpo.entropy_target)
         if num_micro == 1:
             # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
             # splits the program) and without a zeros tree plus an add over every parameter.
-            (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer, frozen)
+            (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer, frozen,
+                                                    coef)
             metrics, tokens_A = jax.tree.map(lambda x: x[None], metrics), tokens[None]
         else:
 
             def micro_step(grad_sum, mb):
-                (_, aux), grads = grad_fn(params, mb, normalizer, frozen)
+                (_, aux), grads = grad_fn(params, mb, normalizer, frozen, coef)
                 return jax.tree.map(jnp.add, grad_sum, grads), aux
 
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, (metrics, tokens_A) = jax.lax.scan(micro_step, zeros, batch)
-        return _apply_grads(tx, params, opt_state, grads, metrics, tokens_A)
+        return _apply_grads(tx, params, opt_state, grads, metrics, tokens_A, grpo)
 
     return jax.jit(update, donate_argnums=(0, 1), compiler_options=compiler_options)
 
@@ -316,6 +354,9 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
     layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With `lora`,
     `params` are the adapters and `accumulate` takes the base (`frozen`, for its layout) last."""
+    if grpo.use_adaptive_entropy:
+        raise ValueError("make_chunked_update: grpo.use_adaptive_entropy needs the controller's coefficient in "
+                         "each micro-batch's loss, which only make_update_fn reads from opt_state; run it unbucketed")
     grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
 
     def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
@@ -324,7 +365,7 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
 
     def apply(params, opt_state, grads, metrics_list, tokens_list):
         metrics_A = jax.tree.map(lambda *xs: jnp.stack(xs), *metrics_list)
-        return _apply_grads(tx, params, opt_state, grads, metrics_A, jnp.stack(tokens_list))
+        return _apply_grads(tx, params, opt_state, grads, metrics_A, jnp.stack(tokens_list), grpo)
 
     p_sh = sharding.param_shardings(mesh, params)
     o_sh = sharding.opt_state_shardings(mesh, opt_state, params)
