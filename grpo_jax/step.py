@@ -31,6 +31,7 @@ import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import losses
+from grpo_jax import objectives
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
 
@@ -154,6 +155,8 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
     metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
     adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
 
+    loss_type, aggregation, ratio = grpo.resolved_loss()
+
     def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None):
         num_targets = mb.completion_mask.shape[-1]
         logp, entropy = model_lib.token_logprobs(
@@ -175,6 +178,9 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
                 old_logp, mb.sampler_logp, mask, grpo.vllm_importance_sampling_mode,
                 clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
         # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
+        surrogate = objectives.surrogate_for(loss_type, eps_low=grpo.eps_low, eps_high=grpo.eps_high, ratio=ratio,
+                                             key=_batch_key(mb) if loss_type == "clip_cov" else None,
+                                             **grpo.objective_options())
         loss, metrics = losses.grpo_loss(
             logp,
             old_logp,
@@ -185,11 +191,12 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             eps_high=grpo.eps_high,
             beta=grpo.beta,
             kl=grpo.kl,
-            aggregation=grpo.aggregation,
+            aggregation=aggregation,
             max_len=num_targets,
-            ratio=grpo.ratio,
+            ratio=ratio,
             normalizer=normalizer,
             is_weights=is_weights,
+            surrogate=surrogate,
         )
         num_tokens = mask.sum()
         denom = jnp.maximum(num_tokens, 1.0)
@@ -204,6 +211,14 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
         return loss, (metrics, num_tokens)
 
     return loss_fn
+
+
+def _batch_key(mb: UpdateBatch) -> jax.Array:
+    """Clip-Cov's PRNG key for one micro-batch: a checksum of its tokens, so a run draws the same
+    tokens again on a rerun (and on resume) without a key threaded through the update."""
+    tokens = mb.tokens.astype(jnp.uint32)
+    position = jnp.arange(1, tokens.size + 1, dtype=jnp.uint32).reshape(tokens.shape)
+    return jax.random.fold_in(jax.random.key(0), (tokens * position).sum())
 
 
 def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A):
@@ -248,7 +263,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
         normalizer = losses.loss_normalizer(
-            batch.completion_mask.reshape(-1, num_targets), grpo.aggregation, max_len=num_targets
+            batch.completion_mask.reshape(-1, num_targets), grpo.resolved_aggregation(), max_len=num_targets
         )
         if num_micro == 1:
             # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
