@@ -555,11 +555,14 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if text.lower() in ("none", "null") and type(None) in typing.get_args(hint):
             return None
+        errors = []
         for arg in args:
             try:
                 return _parse_value(key, text, arg)
-            except ConfigError:
-                pass
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:  # X | None: X's own message ("choose one of ...")
+            raise errors[0]
         raise ConfigError(f"--set {key}={text!r}: cannot read it as {hint}")
     if origin is Literal:
         allowed = typing.get_args(hint)

@@ -225,7 +225,7 @@ def test_gradient_at_ratio_one_is_the_plain_policy_gradient(loss_type, eps):
     def plain(w):
         return -losses.aggregate(adv[:, None] * logp_of(w), mask, aggregation)
 
-    got, want = jax.jit(jax.grad(loss))(w), jax.jit(jax.grad(plain))(w)
+    got, want = jax.grad(loss)(w), jax.grad(plain)(w)
     if loss_type != "clip_cov":
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
         return
@@ -288,3 +288,71 @@ def test_conflicting_settings_name_both():
         resolve_loss_type("gspo", None, "token")
     assert resolve_loss_type("gpg", "constant") == ("constant", "token")  # verl's take any aggregation
     assert resolve_loss_type("dapo", None, "sequence") == ("token", "sequence")  # TRL's GSPO-token variant
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer setting: grpo.loss_type, and what the update logs under it.
+
+
+def test_config_loss_type_resolves_and_conflicts_name_both_fields():
+    from grpo_jax.config import Config, ConfigError, GRPOSection, apply_overrides
+
+    assert GRPOSection().resolved_loss() == ("grpo", "sequence", "token")  # today's loss, unchanged
+    assert GRPOSection(aggregation="token").resolved_loss() == ("grpo", "token", "token")
+    assert GRPOSection(loss_type="dapo").resolved_loss() == ("dapo", "token", "token")
+    assert GRPOSection(loss_type="gspo").resolved_loss() == ("gspo", "sequence", "sequence")
+    assert GRPOSection(loss_type="luspo").resolved_aggregation() == "sequence_sum"
+    with pytest.raises(ConfigError, match=r"grpo.loss_type='dapo' conflicts with grpo.aggregation"):
+        apply_overrides(Config(), ["grpo.loss_type=dapo", "grpo.aggregation=sequence"])
+    with pytest.raises(ConfigError, match=r"grpo.loss_type='luspo' conflicts with grpo.ratio"):
+        apply_overrides(Config(), ["grpo.loss_type=luspo", "grpo.ratio=token"])
+    with pytest.raises(ConfigError, match=r"grpo.loss_type='bogus' is not allowed; choose one of"):
+        apply_overrides(Config(), ["grpo.loss_type=bogus"])
+    with pytest.raises(ConfigError, match=r"grpo.clip_cov_lb=5.0 must be below grpo.clip_cov_ub=5.0"):
+        apply_overrides(Config(), ["grpo.clip_cov_lb=5.0"])
+    with pytest.raises(ConfigError, match=r"grpo.sapo_temperature_neg=0.0 must be > 0"):
+        apply_overrides(Config(), ["grpo.sapo_temperature_neg=0"])
+    cfg = apply_overrides(Config(), ["grpo.loss_type=cispo", "grpo.eps_high=4.0"])
+    assert cfg.grpo.resolved_loss() == ("cispo", "token", "token")
+
+
+def _update_metrics(grpo):
+    import optax
+    from flax import nnx
+
+    from grpo_jax import model as model_lib
+    from grpo_jax import step as step_lib
+
+    cfg = model_lib.ModelConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=8)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(cfg, 0)))
+    params = jax.jit(lambda: nnx.split(model_lib.init_model(cfg, 0))[1])()
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(2, 24, (1, 4, 8)).astype(np.int32)
+    mask = np.ones((1, 4, 5), np.int32)
+    mask[0, 1, 3:] = 0
+    old = (-3.0 + 0.1 * rng.standard_normal((1, 4, 5))).astype(np.float32)
+    batch = step_lib.UpdateBatch(tokens=jnp.asarray(tokens), attention=jnp.ones((1, 4, 8), jnp.int32),
+                                 completion_mask=jnp.asarray(mask), advantages=jnp.asarray([[1.0, -1.0, 0.5, -0.5]]),
+                                 old_logp=jnp.asarray(old), sampler_logp=jnp.asarray(old), ref_logp=jnp.asarray(old))
+    tx = optax.sgd(1e-2)
+    update = step_lib.make_update_fn(graphdef, tx, grpo, 1.0)
+    _, _, m = update(jax.tree.map(jnp.copy, params), tx.init(params), batch)
+    return {k: float(v) for k, v in m.items()}
+
+
+def test_update_runs_each_family_and_logs_its_metrics():
+    # One update per family on a tiny model; the family's own metric names appear, PPO's clip
+    # fractions only for the clipped families, and loss_type="grpo" is exactly the default.
+    from grpo_jax.config import GRPOSection
+
+    base = dict(prompts_per_step=2, num_generations=2, beta=0.04, vllm_importance_sampling_correction=False)
+    default = _update_metrics(GRPOSection(**base))
+    assert _update_metrics(GRPOSection(loss_type="grpo", **base)) == default
+    expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "geo_mean": "actor/pg_clipfrac",
+                "kl_cov": "actor/ppo_kl", "dapo": "clip_ratio/region_mean"}
+    for loss_type, name in expected.items():
+        m = _update_metrics(GRPOSection(loss_type=loss_type, **base))
+        assert name in m and np.isfinite(m["loss"]) and m["grad_norm"] > 0, loss_type
+        assert ("clip_ratio/region_mean" in m) == (loss_type == "dapo"), loss_type
+        assert m["loss"] != default["loss"], loss_type  # another objective, another number
