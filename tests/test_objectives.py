@@ -356,3 +356,14 @@ def test_update_runs_each_family_and_logs_its_metrics():
         assert name in m and np.isfinite(m["loss"]) and m["grad_norm"] > 0, loss_type
         assert ("clip_ratio/region_mean" in m) == (loss_type == "dapo"), loss_type
         assert m["loss"] != default["loss"], loss_type  # another objective, another number
+
+
+def test_objectives_import_no_trainer_model_or_verifier():
+    # "One import away" for research code: the module pulls in jax and grpo_jax.losses only.
+    import subprocess
+    import sys
+
+    code = ("import sys, grpo_jax.objectives; "
+            "print(sorted(m for m in sys.modules if m.startswith('grpo_jax.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.strip() == "['grpo_jax.losses', 'grpo_jax.objectives']"
