@@ -31,8 +31,8 @@ import optax
 
 from grpo_jax import config as config_lib
 from grpo_jax import losses
-from grpo_jax import objectives
 from grpo_jax import model as model_lib
+from grpo_jax import objectives
 from grpo_jax import sharding
 
 log = logging.getLogger("grpo_jax")

@@ -349,7 +349,7 @@ def test_update_runs_each_family_and_logs_its_metrics():
     base = dict(prompts_per_step=2, num_generations=2, beta=0.04, vllm_importance_sampling_correction=False)
     default = _update_metrics(GRPOSection(**base))
     assert _update_metrics(GRPOSection(loss_type="grpo", **base)) == default
-    expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "geo_mean": "actor/pg_clipfrac",
+    expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "clip_cov": "actor/pg_clipfrac",
                 "kl_cov": "actor/ppo_kl", "dapo": "clip_ratio/region_mean"}
     for loss_type, name in expected.items():
         m = _update_metrics(GRPOSection(loss_type=loss_type, **base))

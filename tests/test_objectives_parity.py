@@ -41,10 +41,12 @@ def batch(seed=0, n=6, t=5):
 
 
 def ours(loss_type, logp, old, ref, adv, mask, is_w=None, **kw):
+    ref = None if ref is None else jnp.asarray(ref)
+    is_w = None if is_w is None else jnp.asarray(is_w)
+
     def f(lp):
-        return policy_loss(lp, jnp.asarray(old), None if ref is None else jnp.asarray(ref), jnp.asarray(adv),
-                           jnp.asarray(mask), loss_type=loss_type, is_weights=None if is_w is None else jnp.asarray(is_w),
-                           max_len=mask.shape[1], **kw)[0]
+        return policy_loss(lp, jnp.asarray(old), ref, jnp.asarray(adv), jnp.asarray(mask), loss_type=loss_type,
+                           is_weights=is_w, max_len=mask.shape[1], **kw)[0]
     loss, grad = jax.value_and_grad(f)(jnp.asarray(logp))
     return float(loss), np.asarray(grad)
 
