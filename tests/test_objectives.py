@@ -350,7 +350,7 @@ def test_update_runs_each_family_and_logs_its_metrics():
     default = _update_metrics(GRPOSection(**base))
     assert _update_metrics(GRPOSection(loss_type="grpo", **base)) == default
     expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "clip_cov": "actor/pg_clipfrac",
-                "kl_cov": "actor/ppo_kl", "dapo": "clip_ratio/region_mean"}
+                "dapo": "clip_ratio/region_mean"}
     for loss_type, name in expected.items():
         m = _update_metrics(GRPOSection(loss_type=loss_type, **base))
         assert name in m and np.isfinite(m["loss"]) and m["grad_norm"] > 0, loss_type
