@@ -134,8 +134,25 @@ class GRPOSection:
     eps_high: float | None = None  # DAPO clip-higher; None: eps_low
     beta: float = 0.0  # KL weight; 0 skips the reference forward entirely
     kl: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["sequence", "token", "constant"] = "sequence"
-    ratio: Literal["token", "sequence"] = "token"
+    # The policy objective (grpo_jax.objectives): TRL's loss_type names where TRL has the family, verl's
+    # loss_mode names otherwise. None: PPO's clipped term aggregated by `aggregation` (the seed's).
+    loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "gspo", "luspo", "cispo", "sapo", "vespo", "geo_mean",
+                       "dppo_tv", "dppo_kl", "gpg", "clip_cov", "kl_cov"] | None = None
+    # None: the loss_type's ("sequence" without one); TRL's loss types fix it (a different value is an error).
+    aggregation: Literal["sequence", "token", "constant", "sequence_sum"] | None = None
+    ratio: Literal["token", "sequence"] | None = None  # None: "sequence" for gspo and luspo, else "token"
+    sapo_temperature_pos: float = 1.0  # SAPO's gate temperature where A > 0 (TRL's name and default)
+    sapo_temperature_neg: float = 1.05  # ... where A <= 0
+    vespo_k_pos: float = 2.0  # VESPO's phi(w) = e^lambda w^k e^(-lambda w) for A >= 0 (TRL's names, defaults)
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # ... for A < 0
+    vespo_lambda_neg: float = 2.0
+    clip_ratio_c: float = 3.0  # DPPO's truncation of the importance weight (verl's name and default)
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: fraction of tokens detached (verl's names and defaults)
+    clip_cov_lb: float = 1.0  # ... drawn among those with clip_cov_lb < covariance < clip_cov_ub
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # KL-Cov: fraction of tokens penalised by ppo_kl_coef * |log r|
+    ppo_kl_coef: float = 0.1
     num_iterations: int = 1  # mu: passes over each batch
     num_minibatches: int = 1  # optimizer steps per pass
     grad_accum_steps: int = 1  # micro-batches summed into one optimizer step
@@ -192,6 +209,27 @@ class GRPOSection:
     entropy_coef_max: float = 1.0
     entropy_coef_delta: float = 0.005
     entropy_target: float = 0.2
+
+    def resolved_loss(self) -> tuple[str, str, str]:
+        """(loss_type, aggregation, ratio) the update runs: loss_type None is the clipped term
+        ("grpo" family) with `aggregation` ("sequence" when None) and `ratio` ("token" when None)."""
+        if self.loss_type is None:
+            return "grpo", self.aggregation or "sequence", self.ratio or "token"
+        from grpo_jax import objectives  # the table lives with the math
+
+        aggregation, ratio = objectives.resolve_loss_type(self.loss_type, self.aggregation, self.ratio)
+        return self.loss_type, aggregation, ratio
+
+    def resolved_aggregation(self) -> str:
+        """The aggregation (and so the loss normaliser) the update uses; see `resolved_loss`."""
+        return self.resolved_loss()[1]
+
+    def objective_options(self) -> dict[str, float]:
+        """The families' own settings, as `objectives.surrogate_for` takes them."""
+        names = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                 "vespo_lambda_neg", "clip_ratio_c", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
+                 "ppo_kl_coef")
+        return {name: getattr(self, name) for name in names}
 
     def resolved_old_logprobs(self) -> Literal["sampler", "recompute", "in_loss"]:
         """Where pi_old comes from: the sampler's log-probs, a separate trainer pass over the batch
@@ -427,6 +465,7 @@ def validate(config: Config) -> None:
     _validate_off_policy(config)
     _validate_distillation(g)
     _validate_estimator_and_entropy(g)
+    _validate_objective(g)
     if g.num_generations < 2:
         raise ConfigError(
             f"grpo.num_generations={g.num_generations} must be >= 2: a group of one answer "
@@ -537,6 +576,31 @@ def _validate_distillation(g: GRPOSection) -> None:
                           "runs over whole rows; set grpo.bucket_by_length='off' (or 'auto', which turns off)")
 
 
+def _validate_objective(g: GRPOSection) -> None:
+    """loss_type against aggregation and ratio, and the families' own settings (validate)."""
+    if g.loss_type is not None:
+        from grpo_jax import objectives
+
+        try:
+            objectives.resolve_loss_type(g.loss_type, g.aggregation, g.ratio)
+        except ValueError as e:
+            raise ConfigError(f"grpo.loss_type={g.loss_type!r} conflicts with "
+                              + ("grpo.aggregation" if "aggregation=" in str(e) else "grpo.ratio")
+                              + f": {e}") from None
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg",
+                "clip_cov_ratio", "kl_cov_ratio"):
+        _positive(f"grpo.{key}", getattr(g, key))
+    for key in ("vespo_k_pos", "vespo_k_neg", "ppo_kl_coef"):
+        _positive(f"grpo.{key}", getattr(g, key), allow_zero=True)
+    if g.clip_ratio_c <= 1:
+        raise ConfigError(f"grpo.clip_ratio_c={g.clip_ratio_c} must be > 1 (DPPO truncates the ratio at it)")
+    if g.clip_cov_lb >= g.clip_cov_ub:
+        raise ConfigError(f"grpo.clip_cov_lb={g.clip_cov_lb} must be below grpo.clip_cov_ub={g.clip_cov_ub}")
+    for key in ("clip_cov_ratio", "kl_cov_ratio"):
+        if getattr(g, key) > 1:
+            raise ConfigError(f"grpo.{key}={getattr(g, key)} must be in (0, 1] (a fraction of the tokens)")
+
+
 def _validate_off_policy(config: Config) -> None:
     """The sampler-correction and asynchronous-rollout rules (validate)."""
     g, t = config.grpo, config.train
@@ -572,11 +636,14 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if text.lower() in ("none", "null") and type(None) in typing.get_args(hint):
             return None
+        errors = []
         for arg in args:
             try:
                 return _parse_value(key, text, arg)
-            except ConfigError:
-                pass
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:  # X | None: X's own message ("choose one of ...")
+            raise errors[0]
         raise ConfigError(f"--set {key}={text!r}: cannot read it as {hint}")
     if origin is Literal:
         allowed = typing.get_args(hint)
@@ -685,8 +752,13 @@ def describe_fields() -> str:
         lines.append(f"  {section.name}:")
         for f in dataclasses.fields(cls):
             hint = hints[f.name]
-            if typing.get_origin(hint) is Literal:
-                kind = "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+            args = typing.get_args(hint)
+            if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args and any(
+                    typing.get_origin(a) is Literal for a in args):  # Literal[...] | None
+                literal = next(a for a in args if typing.get_origin(a) is Literal)
+                kind = "one of " + ", ".join(repr(a) for a in typing.get_args(literal) + (None,))
+            elif typing.get_origin(hint) is Literal:
+                kind = "one of " + ", ".join(repr(a) for a in args)
             else:
                 kind = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
             lines.append(f"    {section.name}.{f.name} = {getattr(defaults, f.name)!r}  ({kind})")

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 KLKind = Literal["k1", "k2", "k3"]
-Aggregation = Literal["sequence", "token", "constant"]
+Aggregation = Literal["sequence", "token", "constant", "sequence_sum"]
 RatioMode = Literal["token", "sequence"]
 CorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
@@ -218,7 +219,21 @@ def clipped_surrogate(
     eps_high = eps_low if eps_high is None else eps_high
     a = jnp.asarray(advantages, jnp.float32)
     rho = jnp.asarray(rho, jnp.float32)
-    return jnp.minimum(rho * a, jnp.clip(rho, 1.0 - eps_low, 1.0 + eps_high) * a)
+    unclipped = rho * a
+    clipped = clip_passing_gradient(rho, 1.0 - eps_low, 1.0 + eps_high) * a
+    # Ties go to the unclipped term with its whole gradient. jnp.minimum splits the gradient of a
+    # tie in halves, which at rho = 1 (pi_old read in the loss) with eps_low = 0 or eps_high = 0
+    # left 0.5 + 0.5 * 0.5 = 0.75 of the policy gradient. Same values as jnp.minimum.
+    return jnp.where(unclipped <= clipped, unclipped, clipped)
+
+
+def clip_passing_gradient(x: jax.Array, low: float | jax.Array, high: float | jax.Array) -> jax.Array:
+    """clip(x, low, high) whose derivative is 1 on the closed band [low, high] and 0 outside.
+
+    jnp.clip (a max then a min) gives 1/2 at a bound, where x ties with it: with eps_low = 0 and
+    rho = 1 exactly, the bound is where every token sits. Values equal jnp.clip's.
+    """
+    return jnp.where(x < low, low, jnp.where(x > high, high, x))
 
 
 def loss_normalizer(
@@ -231,7 +246,8 @@ def loss_normalizer(
     """The denominator of `aggregate`: what one batch's loss is divided by.
 
     "sequence": the number of answers N (an all-padding row counts, as in TRL's "grpo" loss);
-    "token": the number of real tokens (at least 1); "constant": N * max_len (max_len defaults to T).
+    "token": the number of real tokens (at least 1); "constant": N * max_len (max_len defaults to T);
+    "sequence_sum": N, as "sequence" (LUSPO's sum over an answer's tokens, then mean over answers).
 
     Gradient accumulation and sharding are exact when every piece of a batch divides by the whole
     batch's normaliser: the normaliser of the concatenated pieces is the sum of theirs, so
@@ -240,7 +256,7 @@ def loss_normalizer(
 
     Args:
       mask: [N, T], nonzero on real tokens.
-      aggregation: "sequence", "token" or "constant".
+      aggregation: "sequence", "token", "constant" or "sequence_sum".
       max_len: the constant of "constant"; None uses T.
       axis_name: mapped batch axis (shard_map/pmap): the global normaliser.
 
@@ -251,7 +267,7 @@ def loss_normalizer(
     real_NxT = jnp.asarray(mask) != 0
     num_rows = jnp.float32(real_NxT.shape[0])
     match aggregation:
-        case "sequence":
+        case "sequence" | "sequence_sum":
             return _psum(num_rows, axis_name)
         case "token":
             return jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
@@ -261,8 +277,8 @@ def loss_normalizer(
 
 
 def _check_aggregation(aggregation) -> None:
-    if aggregation not in ("sequence", "token", "constant"):
-        raise ValueError(f"aggregation must be 'sequence', 'token' or 'constant', got {aggregation!r}")
+    if aggregation not in ("sequence", "token", "constant", "sequence_sum"):
+        raise ValueError(f"aggregation must be 'sequence', 'token', 'constant' or 'sequence_sum', got {aggregation!r}")
 
 
 def aggregate(
@@ -279,6 +295,7 @@ def aggregate(
       "sequence": sum_i (1/|o_i|) sum_t x_{i,t} / N   (the seed's per-answer mean, then over answers)
       "token":    sum_{i,t} x_{i,t} / (real tokens)   (DAPO)
       "constant": sum_{i,t} x_{i,t} / (N * max_len)   (Dr. GRPO)
+      "sequence_sum": sum_{i,t} x_{i,t} / N           (LUSPO: each answer weighted by its length)
 
     The numerator is a plain sum over this batch's rows; the denominator is `normalizer`, by
     default this batch's own `loss_normalizer`. To accumulate micro-batches (or shard rows) exactly,
@@ -287,7 +304,7 @@ def aggregate(
     Args:
       per_token: [N, T] values (padding may hold anything, even NaN: it is zeroed first).
       mask: [N, T], nonzero on real tokens.
-      aggregation: "sequence", "token" or "constant".
+      aggregation: "sequence", "token", "constant" or "sequence_sum".
       max_len: the constant of "constant"; None uses T.
       normalizer: the denominator; None: `loss_normalizer(mask, aggregation, max_len=...)`.
       axis_name: mapped batch axis (shard_map/pmap): the numerator (and default normaliser) global.
@@ -326,6 +343,7 @@ def grpo_loss(
     axis_name: str | None = None,
     is_weights: jax.Array | None = None,
     use_bias_correction_kl: bool = False,
+    surrogate: Callable | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
 
@@ -336,7 +354,8 @@ def grpo_loss(
       "sequence": the seed's (1/G) sum_i (1/|o_i|) sum_t j_{i,t}; every row counts in the
                   1/N, an all-padding row adds 0 (as TRL's "grpo" loss);
       "token":    DAPO, sum_{i,t} j_{i,t} / (number of real tokens);
-      "constant": Dr. GRPO, sum_{i,t} j_{i,t} / (N * max_len), max_len defaulting to T.
+      "constant": Dr. GRPO, sum_{i,t} j_{i,t} / (N * max_len), max_len defaulting to T;
+      "sequence_sum": LUSPO, sum_{i,t} j_{i,t} / N.
     The loss is -J. With `axis_name`, N and the token count are global.
 
     Args:
@@ -348,7 +367,7 @@ def grpo_loss(
       eps_low, eps_high: clip range; eps_high None means eps_low (DAPO's clip-higher otherwise).
       beta: KL weight; 0 skips the KL term.
       kl: KL estimator, see `kl_penalty`.
-      aggregation: "sequence", "token" or "constant".
+      aggregation: "sequence", "token", "constant" or "sequence_sum".
       max_len: the constant of "constant" (the generation budget); None uses T.
       ratio: "token" (GRPO) or "sequence" (GSPO), see `importance_ratio`.
       normalizer: the loss's denominator (see `aggregate`); None: this batch's own. Pass the whole
@@ -361,6 +380,10 @@ def grpo_loss(
         (differentiable; GSPO's per-answer rho with ratio="sequence"), so that the k3 estimate,
         taken on tokens sampled from pi_old, is unbiased for KL(pi_theta || pi_ref). Off (this
         function's default): the seed's k3. The trainer's default is on, as TRL 1.16's.
+      surrogate: None (PPO's clipped term above), or another family's per-token objective
+        `f(logp, old_logp, adv_NxT, mask, *, is_weights, axis_name) -> (j_NxT, metrics)` (CISPO,
+        SAPO, ...: `grpo_jax.objectives`), which applies `is_weights` itself; its metrics replace
+        the `clip_ratio/*` ones.
 
     Returns:
       (loss, metrics): loss a float32 scalar; metrics float32 scalars (no gradient):
@@ -396,9 +419,13 @@ def grpo_loss(
     eps_high = eps_low if eps_high is None else eps_high
     real_NxT = jnp.asarray(mask) != 0
     rho_NxT = importance_ratio(logp, old_logp, mask, ratio)
-    surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
-    if is_weights is not None:
-        surrogate_NxT = surrogate_NxT * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
+    if surrogate is None:
+        surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
+        if is_weights is not None:
+            surrogate_NxT = surrogate_NxT * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
+    else:
+        surrogate_NxT, surrogate_metrics = surrogate(logp, old_logp, adv_NxT, mask, is_weights=is_weights,
+                                                     axis_name=axis_name)
 
     if ref_logp is None:
         kl_NxT = jnp.zeros(shape, jnp.float32)
@@ -426,6 +453,9 @@ def grpo_loss(
         "policy_loss": policy_loss,
         **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name),
     }
+    if surrogate is not None:  # the clip fractions describe PPO's clip only
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("clip_ratio/")}
+        metrics.update(jax.lax.stop_gradient(surrogate_metrics))
     return loss, metrics
 
 

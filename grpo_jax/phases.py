@@ -326,7 +326,7 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
                 params, opt_state, m = ctx.update_fn(params, opt_state, batch, *frozen)
             else:
                 params, opt_state, m = length_buckets.update(ctx.bucketing.update, params, opt_state, full, chunks,
-                                                             aggregation=g.aggregation, mesh=ctx.mesh,
+                                                             aggregation=g.resolved_aggregation(), mesh=ctx.mesh,
                                                              frozen=state.base_params)
             metrics.append(m)
     times.watch(f"update:{step}", metrics)

@@ -33,7 +33,8 @@ PANELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "truncation": ("Truncated completions", "fraction", ("completions/clipped_ratio",)),
     "zero_variance": ("Groups with identical rewards", "fraction", ("frac_reward_zero_std",)),
     "clip_ratio": ("Clipped token fraction", "fraction",
-                   ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")),
+                   ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                    "cispo_clip_ratio", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")),
 }
 
 

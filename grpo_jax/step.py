@@ -34,6 +34,7 @@ from grpo_jax import distillation
 from grpo_jax import entropy_control
 from grpo_jax import losses
 from grpo_jax import model as model_lib
+from grpo_jax import objectives
 from grpo_jax import sharding
 
 log = logging.getLogger("grpo_jax")
@@ -164,6 +165,8 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
     metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
     adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
 
+    loss_type, aggregation, ratio = grpo.resolved_loss()
+
     def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None, entropy_coef=None):
         num_targets = mb.completion_mask.shape[-1]
         logp, entropy = model_lib.token_logprobs(
@@ -196,6 +199,9 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             keep = entropy_mask.astype(jnp.float32)
             is_weights = keep if is_weights is None else is_weights * keep
         # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
+        surrogate = objectives.surrogate_for(loss_type, eps_low=grpo.eps_low, eps_high=grpo.eps_high, ratio=ratio,
+                                             key=_batch_key(mb) if loss_type == "clip_cov" else None,
+                                             **grpo.objective_options())
         loss, metrics = losses.grpo_loss(
             logp,
             old_logp,
@@ -206,24 +212,25 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
             eps_high=grpo.eps_high,
             beta=grpo.beta,
             kl=grpo.kl,
-            aggregation=grpo.aggregation,
+            aggregation=aggregation,
             max_len=num_targets,
-            ratio=grpo.ratio,
+            ratio=ratio,
             normalizer=normalizer,
             is_weights=is_weights,
             use_bias_correction_kl=grpo.use_bias_correction_kl,
+            surrogate=surrogate,
         )
         distill_metrics = {}
         if grpo.teacher_model_name_or_path:
             distill_loss, distill_metrics = distillation.distillation_loss(
                 logp, mb.completion_mask, teacher_logp_NxT=mb.teacher_logp, old_logp_NxT=mb.old_logp,
                 student_topk_logp_NxTxK=student_topk_logp, teacher_topk_logp_NxTxK=mb.teacher_topk_logp,
-                add_tail=grpo.loss_add_tail, aggregation=grpo.aggregation, max_len=num_targets,
+                add_tail=grpo.loss_add_tail, aggregation=aggregation, max_len=num_targets,
                 normalizer=normalizer)
             loss = loss + grpo.teacher_tau * distill_loss
         if grpo.entropy_coef != 0.0 or grpo.use_adaptive_entropy:
             coef = grpo.entropy_coef if entropy_coef is None else entropy_coef
-            bonus = entropy_control.entropy_bonus(entropy, mask, grpo.aggregation, entropy_mask=entropy_mask,
+            bonus = entropy_control.entropy_bonus(entropy, mask, aggregation, entropy_mask=entropy_mask,
                                                   max_len=num_targets, normalizer=normalizer)
             loss = loss - coef * bonus
             metrics["entropy_coef"] = jnp.asarray(coef, jnp.float32)
@@ -243,6 +250,14 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
         return loss, (metrics, num_tokens)
 
     return loss_fn
+
+
+def _batch_key(mb: UpdateBatch) -> jax.Array:
+    """Clip-Cov's PRNG key for one micro-batch: a checksum of its tokens, so a run draws the same
+    tokens again on a rerun (and on resume) without a key threaded through the update."""
+    tokens = mb.tokens.astype(jnp.uint32)
+    position = jnp.arange(1, tokens.size + 1, dtype=jnp.uint32).reshape(tokens.shape)
+    return jax.random.fold_in(jax.random.key(0), (tokens * position).sum())
 
 
 def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
@@ -301,7 +316,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
         normalizer = losses.loss_normalizer(
-            batch.completion_mask.reshape(-1, num_targets), grpo.aggregation, max_len=num_targets
+            batch.completion_mask.reshape(-1, num_targets), grpo.resolved_aggregation(), max_len=num_targets
         )
         coef = None
         if grpo.use_adaptive_entropy:  # the controller's state rides in opt_state (entropy_control.controller)

@@ -120,7 +120,7 @@ def chunked_gradient(ctx, params, host, mesh, *, own_normalizer: bool):
     """The gradient summed over the bucketed chunks: each chunk over the batch's normaliser (the
     driver's, right), or over its own (`own_normalizer`: the mean of means the split must not do)."""
     fns, rows = ctx.bucketing.update, device_rows(mesh, host)
-    aggregation = ctx.config.grpo.aggregation
+    aggregation = ctx.config.grpo.resolved_aggregation()
     params = sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     full = step_lib.UpdateBatch(tokens=rows["tokens"], attention=rows["attention"],
                                 completion_mask=rows["completion_mask"], advantages=rows["advantages"],

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from grpo_jax.advantages import group_advantages, zero_std_fraction  # noqa: E402
 from grpo_jax.losses import grpo_loss, token_entropy  # noqa: E402
+from grpo_jax.objectives import policy_loss  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -31,6 +32,9 @@ LOSS_OPTIONS = [
     dict(aggregation="token", eps_high=0.28, ratio="sequence"),
     dict(aggregation="constant", max_len=10),
 ]
+# The other loss families (grpo_jax.objectives), with the sampler weights (their own placement).
+# Clip-Cov and KL-Cov draw from each call's rows, so they are per device by design: not here.
+OBJECTIVES = ["cispo", "sapo", "vespo", "geo_mean", "dppo_kl", "luspo", "gpg"]
 
 
 def make_batch():
@@ -43,7 +47,8 @@ def make_batch():
     rewards = jax.random.bernoulli(ks[4], 0.5, (N,)).astype(jnp.float32)
     rewards = rewards.at[:G].set(1.0).at[5].set(jnp.nan)  # a constant group and a NaN reward
     logits = 3 * jax.random.normal(ks[5], (N, T, V))
-    return dict(logp=logp, old=old, ref=ref, mask=mask, rewards=rewards, logits=logits)
+    is_w = jax.random.uniform(jax.random.key(1), (N, T), minval=0.5, maxval=1.5)
+    return dict(logp=logp, old=old, ref=ref, mask=mask, rewards=rewards, logits=logits, is_w=is_w)
 
 
 def all_outputs(b, axis_name=None):
@@ -62,6 +67,16 @@ def all_outputs(b, axis_name=None):
         out[f"loss{i}"] = loss
         out[f"grad{i}"] = grad
         out.update({f"loss{i}/{k}": v for k, v in metrics.items()})
+    for loss_type in OBJECTIVES:
+
+        def objective_fn(lp, loss_type=loss_type):
+            return policy_loss(lp, b["old"], b["ref"], adv, b["mask"], loss_type=loss_type, max_len=10,
+                               is_weights=b["is_w"], axis_name=axis_name)
+
+        (loss, metrics), grad = jax.value_and_grad(objective_fn, has_aux=True)(b["logp"])
+        out[f"loss_{loss_type}"] = loss
+        out[f"grad_{loss_type}"] = grad
+        out.update({f"loss_{loss_type}/{k}": v for k, v in metrics.items()})
     out["entropy"] = token_entropy(b["logits"], b["mask"], axis_name=axis_name)
     return out
 

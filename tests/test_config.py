@@ -111,7 +111,7 @@ def test_train_help_lists_every_field_with_its_default():
     for section in dataclasses.fields(Config):
         for f in dataclasses.fields(section.default_factory().__class__):
             assert f"{section.name}.{f.name} = " in out, f.name
-    assert "grpo.aggregation = 'sequence'  (one of 'sequence', 'token', 'constant')" in out
+    assert ("grpo.aggregation = None  (one of 'sequence', 'token', 'constant', 'sequence_sum', None)" in out)
 
 
 @pytest.mark.parametrize("override, words", [
