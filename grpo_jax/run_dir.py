@@ -95,6 +95,8 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
     for section in new:
         # A field the saved config lacks was added later: that run ran with its default.
         old_sec, new_sec = {**defaults.get(section, {}), **saved.get(section, {})}, new[section]
+        if section == "grpo":  # aggregation/ratio None mean the loss_type's: compare what runs
+            old_sec, new_sec = _resolved_loss(old_sec), _resolved_loss(new_sec)
         for field in new_sec:
             if section == "task" and field == "options":
                 old_opts, new_opts = old_sec.get("options", {}), new_sec["options"]
@@ -110,6 +112,17 @@ def config_differences(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
             if old != value:
                 diffs.append((f"{section}.{field}", old, value))
     return diffs
+
+
+def _resolved_loss(grpo: dict) -> dict:
+    """`grpo` (a config section as a dict) with aggregation and ratio as the update runs them: a run
+    saved with `aggregation="sequence"` (the old default) and one with None and no loss_type are one run."""
+    try:
+        _, aggregation, ratio = config_lib.GRPOSection(
+            loss_type=grpo.get("loss_type"), aggregation=grpo.get("aggregation"), ratio=grpo.get("ratio")).resolved_loss()
+    except (TypeError, ValueError):  # a conflict is validate()'s to report
+        return grpo
+    return {**grpo, "aggregation": aggregation, "ratio": ratio}
 
 
 def is_operational(key: str) -> bool:

@@ -75,6 +75,19 @@ def test_resume_accepts_operational_changes_and_logs_them(tmp_path, caplog):
     assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
 
 
+def test_a_run_saved_with_the_old_loss_defaults_resumes_without_a_config_change():
+    # grpo.aggregation and grpo.ratio defaulted to "sequence" and "token" before grpo.loss_type;
+    # now None means the loss_type's (the same two without one). What the update runs is compared.
+    saved = config_lib.to_dict(config_lib.Config())
+    saved["grpo"].update(aggregation="sequence", ratio="token")
+    saved["grpo"].pop("loss_type")
+    assert run_dir_lib.config_differences(saved, config_lib.to_dict(config_lib.Config())) == []
+    # A real change still shows, as what runs: DAPO's token aggregation against the seed's.
+    dapo = config_lib.apply_overrides(config_lib.Config(), ["grpo.loss_type=dapo"])
+    assert sorted(run_dir_lib.config_differences(saved, config_lib.to_dict(dapo))) == [
+        ("grpo.aggregation", "sequence", "token"), ("grpo.loss_type", None, "dapo")]
+
+
 def test_config_differences_cover_task_options_and_tuples():
     a = config_lib.to_dict(config_lib.Config())
     b = config_lib.to_dict(config_lib.apply_overrides(config_lib.Config(), ["task.options.digits=3",
