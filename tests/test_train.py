@@ -248,7 +248,7 @@ def test_a_reward_of_1e30_warns_that_every_advantage_is_zero(tmp_path, caplog):
     # Issue 30: before, the run trained on advantages of 0 without a word.
     class HugeSevens(SevensTask):
         def reward_fns(self):
-            return [RewardSpec("sevens", lambda p, c, **kw: [1e30 * r for r in sevens_reward(p, c)], 1.0)]
+            return [RewardSpec("sevens", lambda prompts, completions, **kw: [1e30 * r for r in sevens_reward(prompts, completions)], 1.0)]
 
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0))

@@ -100,7 +100,8 @@ def mean_of_means_gradient(graphdef, params, rows, aggregation, num_micro):
             mb = jax.tree.map(lambda x: x[a], batch)
             logp = model_lib.token_logprobs(graphdef, p, mb.tokens, mb.attention, num_targets=C)
             total += losses.grpo_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.completion_mask,
-                                      beta=0.04, aggregation=aggregation, max_len=C, eps_high=0.28)[0]
+                                      beta=0.04, aggregation=aggregation, max_len=C, eps_high=0.28,
+                                      use_bias_correction_kl=grpo_section(aggregation, 1).use_bias_correction_kl)[0]
         return total / num_micro
 
     return jax.tree.map(np.asarray, jax.grad(loss)(params))
