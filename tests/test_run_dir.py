@@ -172,7 +172,7 @@ def test_a_changed_model_shape_is_refused_on_resume_even_with_allow_config_chang
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = [sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py", "--set",
             f"train.run_dir={tmp_path}", "--set", "train.steps=4", "--set", "train.checkpoint_every=1", "--set",
-            "eval.every=0"]
+            "eval.every=0", "--set", "sft.steps=0", "--set", "eval.num_questions=0"]  # no warm-up: seconds, not a minute
     first = subprocess.run(base + ["--set", "train.stop_after_steps=1"], capture_output=True, text=True,
                            cwd=root, timeout=600)
     assert first.returncode == 75, first.stderr[-2000:]
