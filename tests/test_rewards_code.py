@@ -1,6 +1,7 @@
 """The code sandbox: honest code passes the hidden tests; limits and hacks fail them."""
 
 import glob
+import json
 import os
 import tempfile
 import threading
@@ -143,10 +144,18 @@ FORKS = ("import os, time\ndef forks(n):\n    k = 0\n    try:\n        for _ in 
 
 def test_process_count_is_capped():
     # The candidate forks sleeping children until refused. Before: all 100 forks succeeded. Now,
-    # max_procs=16 counts the candidate itself: 15 children, when the count is the verdict's own
-    # (its own user namespace); otherwise the cap sits 16 above what its uid already runs.
-    hidden = "assert forks(100) == 15" if ISO["user_ns"] else "assert (forks(100) < 100) == True"
-    assert code_reward(FORKS, hidden, timeout_s=1.0, max_procs=16) == 1.0
+    # max_procs=16 counts the candidate itself, so at most 15 children when the count is the
+    # verdict's own (its own user namespace); otherwise the cap sits 16 above what its uid already
+    # runs. Fewer than 15 is allowed: tasks count threads and the namespace set-up's own processes,
+    # which vary between machines (this machine sees exactly 15; CI once saw another count). At
+    # least one fork must succeed, or the test would pass for a sandbox that refuses every fork.
+    lines, report = code._run_sandboxed(FORKS, ["forks(100)"], timeout_s=3.0, memory_mb=256,
+                                        output_bytes=1 << 20, max_procs=16)
+    assert lines is not None and len(lines) == 1, report
+    result = json.loads(lines[0])
+    assert "ok" in result, (result, report)
+    children = int(result["ok"][1])
+    assert 1 <= children <= (15 if ISO["user_ns"] else 99), (children, report)
 
 
 def test_fork_bomb_ends_with_its_verdict():
