@@ -1,4 +1,4 @@
-"""What the checkpoint fingerprints cost per save (grpo_jax.fingerprint, issue 30), on W1's run
+"""What the checkpoint fingerprints cost per save (grpo_jax.io.fingerprint, issue 30), on W1's run
 state and on Qwen2.5-0.5B's shapes (`check --model-shape qwen2.5-0.5b`). Writes a JSON file.
 
     .venv/bin/python benchmarks/bench_fingerprint.py [--out benchmarks/results/fingerprint.json]
@@ -23,9 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import bench, check_command, fingerprint, hf, run_context, run_state
+from grpo_jax.cli import bench, check as check_command
+from grpo_jax.io import fingerprint, hf
+from grpo_jax.training import run_context, run_state
 from grpo_jax import model as model_lib
-from grpo_jax.checkpoint import CheckpointManager
+from grpo_jax.io.checkpoint import CheckpointManager
 
 
 def _median_seconds(fn, repeats: int = 5) -> float:

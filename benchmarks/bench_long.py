@@ -40,9 +40,9 @@ def _sampler_and_params(engine: str, threads: int, mesh=True):
     import jax
     from flax import nnx
 
-    from grpo_jax import sharding
+    from grpo_jax.distributed import sharding
     from grpo_jax.model import init_model
-    from grpo_jax.sampler import Sampler
+    from grpo_jax.sampling.sampler import Sampler
 
     sys.path.insert(0, BENCH_DIR)
     from bench_rollout import _model
@@ -72,7 +72,7 @@ def rollout_child(engine: str, max_new_tokens: int, lengths: list[int], num_prom
     import jax
     import numpy as np
 
-    from grpo_jax.sampler import SamplingConfig
+    from grpo_jax.sampling.sampler import SamplingConfig
 
     sampler, params, config = _sampler_and_params(engine, threads=2)
     rng = np.random.default_rng(0)
@@ -113,8 +113,10 @@ class _ForcedLengths:
 def w4_child(code: str, steps: int, lengths: list[int], max_new_tokens: int) -> dict:
     import numpy as np
 
-    from grpo_jax import bench, config as config_lib, run_context, train
-    from grpo_jax.tokenizer import load_tokenizer
+    from grpo_jax.cli import bench
+    from grpo_jax import config as config_lib
+    from grpo_jax.training import run_context, train
+    from grpo_jax.io.tokenizer import load_tokenizer
 
     lengths = np.asarray(lengths)
     build_sampler = run_context.build_sampler
@@ -159,7 +161,7 @@ def main(argv=None) -> int:
         print(json.dumps(rollout_child(*rest) if kind == "rollout" else w4_child(*rest)))
         return 0
 
-    from grpo_jax import bench
+    from grpo_jax.cli import bench
 
     trees = [("today", None)] + ([("before", args.before)] if args.before else [])
     result: dict = {"bench": "long", "part": args.part, "load_before": [round(x, 2) for x in os.getloadavg()],

@@ -26,10 +26,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from grpo_jax import bench, lora, train
+from grpo_jax.cli import bench
+from grpo_jax.model import lora
+from grpo_jax.training import train
 from grpo_jax import model as model_lib
-from grpo_jax.run_context import model_config_from_section
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.training.run_context import model_config_from_section
+from grpo_jax.io.tokenizer import load_tokenizer
 
 
 def _time(fn, *args, repeats: int = 20) -> float:

@@ -3,7 +3,7 @@ GRPO step with and without length bucketing. Prints one JSON line.
 
     .venv/bin/python benchmarks/bench_rollout.py --workload w3 [--repeats 3] [--steps 4]
 
-W3 (issue 15): W1's model (grpo_jax/bench.py: Qwen2-shaped, 4 layers, hidden 256, vocab 1024, fp32),
+W3 (issue 15): W1's model (grpo_jax/cli/bench.py: Qwen2-shaped, 4 layers, hidden 256, vocab 1024, fp32),
 16 random 29-token prompts (bucket 32) x G=8 = 128 completions, max_new_tokens=512, temperature 1.
 Row r stops after `bench.w3_completion_lengths()[r]` tokens (min(512, ceil(exp(log 96 + 0.9 z_r))),
 seed 0), forced by masking every logit but EOS at that step and EOS before it (`forced_lengths`),
@@ -29,7 +29,7 @@ NUM_PROMPTS, GROUP, PROMPT_TOKENS = 16, 8, 29
 
 
 def _model():
-    from grpo_jax.bench import W1_MODEL
+    from grpo_jax.cli.bench import W1_MODEL
     from grpo_jax.model import ModelConfig
 
     m = W1_MODEL
@@ -44,9 +44,10 @@ def rollout_child(engine: str, threads: int, slots: int, refill_every: int, repe
     import numpy as np
     from flax import nnx
 
-    from grpo_jax import bench, sharding
+    from grpo_jax.cli import bench
+    from grpo_jax.distributed import sharding
     from grpo_jax.model import init_model
-    from grpo_jax.sampler import Sampler, SamplingConfig
+    from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
     config = _model()
     mesh = sharding.make_mesh(1, 1, 1)  # as the trainer builds it on one device
@@ -107,8 +108,10 @@ class _ForcedLengths:
 
 
 def step_child(overrides: list[str], steps: int) -> dict:
-    from grpo_jax import bench, config as config_lib, run_context, train
-    from grpo_jax.tokenizer import load_tokenizer
+    from grpo_jax.cli import bench
+    from grpo_jax import config as config_lib
+    from grpo_jax.training import run_context, train
+    from grpo_jax.io.tokenizer import load_tokenizer
 
     lengths = bench.w3_completion_lengths(NUM_PROMPTS * GROUP)
     build_sampler = run_context.build_sampler
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from grpo_jax import bench
+    from grpo_jax.cli import bench
 
     lengths = bench.w3_completion_lengths(NUM_PROMPTS * GROUP)
     mask = np.arange(bench.W3_MAX_NEW_TOKENS)[None, :] < lengths[:, None]

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_rollout_devices.py [--repeats 5] [--prompts 4 16]
 
-W1's model (grpo_jax/bench.py: hidden 256, MLP 704, 4 layers, vocab 1024, float32) samples G=8
+W1's model (grpo_jax/cli/bench.py: hidden 256, MLP 704, 4 layers, vocab 1024, float32) samples G=8
 answers of exactly 64 tokens (ignore_eos) to N random 29-token prompts (bucket 32), N = 4 (W1) and
 16. Each layout runs in its own process, the 8-device ones with
 XLA_FLAGS=--xla_force_host_platform_device_count=8:
@@ -38,10 +38,10 @@ def child(layout: str, num_prompts: int, repeats: int) -> dict:
     import numpy as np
     from flax import nnx
 
-    from grpo_jax import sharding
-    from grpo_jax.bench import W1_MODEL
+    from grpo_jax.distributed import sharding
+    from grpo_jax.cli.bench import W1_MODEL
     from grpo_jax.model import ModelConfig, init_model
-    from grpo_jax.sampler import Sampler, SamplingConfig
+    from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
     m = W1_MODEL
     config = ModelConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,

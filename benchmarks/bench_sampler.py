@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax.model import ModelConfig, init_model
-from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
 W1 = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
                  num_kv_heads=2, head_dim=64, qkv_bias=True)

@@ -26,10 +26,11 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import bench, length_buckets, phases, run_context
-from grpo_jax import step as step_lib
-from grpo_jax.timing import ReadyTimes
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.cli import bench
+from grpo_jax.training import length_buckets, phases, run_context
+from grpo_jax.training import step as step_lib
+from grpo_jax.training.timing import ReadyTimes
+from grpo_jax.io.tokenizer import load_tokenizer
 
 
 def workload(name: str, mode: str):

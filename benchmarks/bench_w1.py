@@ -2,9 +2,9 @@
 achieved FLOP/s against this machine's fp32 matmul peak (measured here). Writes a JSON file.
 
     .venv/bin/python benchmarks/bench_w1.py [--out benchmarks/results/w1.json] [--steps 12]
-    .venv/bin/python -m grpo_jax.bench     # the same
+    .venv/bin/python -m grpo_jax.cli.bench     # the same
 
-The workload is defined in grpo_jax/bench.py (and /work/shared/peers/WORKLOAD.md). Run it on a
+The workload is defined in grpo_jax/cli/bench.py (and /work/shared/peers/WORKLOAD.md). Run it on a
 quiet machine (1-minute load <= 1.5), under `flock /tmp/bench.lock` when others benchmark too.
 """
 
@@ -20,10 +20,11 @@ import time
 
 import jax
 
-from grpo_jax import bench, train
+from grpo_jax.cli import bench
+from grpo_jax.training import train
 from grpo_jax.model import ModelConfig
 from grpo_jax.tasks import RewardSpec
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.io.tokenizer import load_tokenizer
 
 
 class _TimedTask(bench.AdditionTask):

@@ -22,9 +22,10 @@ import tempfile
 
 import jax
 
-from grpo_jax import bench, train
+from grpo_jax.cli import bench
+from grpo_jax.training import train
 from grpo_jax.model import ModelConfig
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.io.tokenizer import load_tokenizer
 
 # device_kind substring -> (dense bf16 FLOP/s, HBM bytes/s)
 PEAKS = {

@@ -5,7 +5,7 @@
 Pieces: the rollout (prefill + while_loop decode), the reference log-probs, the policy update
 (forward + backward + AdamW), and for reference the policy forward alone and a grad without the
 optimizer. With --trace, one step of each piece is recorded with jax.profiler (open in Perfetto /
-TensorBoard). Figures are medians; FLOP/s use grpo_jax.bench's shape counts.
+TensorBoard). Figures are medians; FLOP/s use grpo_jax.cli.bench's shape counts.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from grpo_jax import bench, optim
-from grpo_jax import step as step_lib
+from grpo_jax.cli import bench
+from grpo_jax.training import optim
+from grpo_jax.training import step as step_lib
 from grpo_jax import model as model_lib
-from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
 
 def _median_time(fn, repeats):

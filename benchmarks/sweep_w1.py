@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_w1 import run_w1  # noqa: E402
 
-from grpo_jax import bench  # noqa: E402
+from grpo_jax.cli import bench
 
 FULL = {"num_generations": [4, 8, 16], "max_new_tokens": [32, 64, 128, 256], "prompts_per_step": [2, 4, 8]}
 REDUCED = {"num_generations": [4, 8, 16], "max_new_tokens": [32, 64, 128]}

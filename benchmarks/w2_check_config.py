@@ -6,7 +6,7 @@ its update-phase figure is then held against W2's `device_peak_bytes` (benchmark
 
 import dataclasses
 
-from grpo_jax import bench
+from grpo_jax.cli import bench
 from grpo_jax.config import Config
 
 

@@ -46,12 +46,12 @@ def main(argv=None) -> int:
                        help="with --resume: continue even where the config changes what the run means")
     train.add_argument("--allow-cpu", action="store_true",
                        help="run a config that asks for accelerators (a multi-device mesh, bf16, a checkpoint) on CPU")
-    from grpo_jax import eval_command
+    from grpo_jax.cli import eval as eval_command
 
     evaluate = sub.add_parser("eval", help="pass@k, maj@k and greedy accuracy of a policy on a data set",
                               description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     eval_command.add_arguments(evaluate)
-    from grpo_jax import check_command
+    from grpo_jax.cli import check as check_command
 
     check = sub.add_parser("check", help="build a config abstractly and report its memory per device",
                            description=check_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
         return check_command.run(args)
 
-    from grpo_jax import sharding
+    from grpo_jax.distributed import sharding
 
     sharding.initialize_distributed()  # a no-op unless flags/environment describe several processes
     logging.basicConfig(
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         return 2
     import jax
 
-    from grpo_jax import platform_check
+    from grpo_jax.distributed import platform_check
 
     # A config that expects accelerators, started on a CPU backend (a venv without the CUDA/TPU
     # jaxlib), would run, slowly and quietly, on the CPU: refused unless --allow-cpu.
@@ -91,9 +91,9 @@ def main(argv=None) -> int:
         print(verdict.message, file=sys.stderr)
         if verdict.action == "refuse":
             return 2
-    from grpo_jax import report
-    from grpo_jax.checkpoint import CheckpointWriteError
-    from grpo_jax.run_dir import RunDirError
+    from grpo_jax.cli import report
+    from grpo_jax.io.checkpoint import CheckpointWriteError
+    from grpo_jax.io.run_dir import RunDirError
 
     try:
         result = report.run_and_report(config, resume=args.resume, overwrite=args.overwrite,
@@ -122,7 +122,7 @@ def _storage_failure(error: BaseException) -> int:
     while e is not None and e not in chain:
         chain.append(e)
         e = e.__context__
-    from grpo_jax.checkpoint import CheckpointWriteError
+    from grpo_jax.io.checkpoint import CheckpointWriteError
 
     written = next((c for c in chain if isinstance(c, CheckpointWriteError)), None)
     full = next((c for c in chain if isinstance(c, OSError) and c.errno == errno.ENOSPC), None)

@@ -31,7 +31,7 @@ class ModelSection:
     """The policy. Either `hf_path` (a Hugging Face checkpoint directory) or the shape fields below."""
 
     hf_path: str | None = None
-    # See grpo_jax.tokenizer.load_tokenizer for accepted specs. None: the checkpoint's own tokenizer
+    # See grpo_jax.io.tokenizer.load_tokenizer for accepted specs. None: the checkpoint's own tokenizer
     # (`hf_path`), else the demo's 14-symbol "char:0123456789+=".
     tokenizer: str | None = None
     vocab_size: int = 0  # 0: taken from the tokenizer
@@ -60,7 +60,7 @@ class ModelSection:
     # linear in the length) beyond. The choice is logged at start-up.
     attention_impl: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
     init_seed: int = 0
-    # LoRA (TRL's ModelConfig names; grpo_jax.lora): lora_r > 0 trains rank-r adapters on the
+    # LoRA (TRL's ModelConfig names; grpo_jax.model.lora): lora_r > 0 trains rank-r adapters on the
     # lora_target_modules (HF names, or the presets "attention" / "all-linear") of a frozen base,
     # which is also the reference policy; 0 trains every weight. B starts at 0 (step 0 = the base);
     # A as peft's "kaiming" (default) or "gaussian". The base may be stored in bfloat16.
@@ -71,7 +71,7 @@ class ModelSection:
     lora_init: Literal["kaiming", "gaussian"] = "kaiming"
     lora_base_dtype: Literal["float32", "bfloat16"] = "float32"
     # Bounds on rendering the tokenizer's chat template (it comes with the checkpoint: untrusted
-    # code; grpo_jax.chat_template_bounds): wall time and characters, output and any value built.
+    # code; grpo_jax.io.chat_template_bounds): wall time and characters, output and any value built.
     chat_template_max_seconds: float = 2.0
     chat_template_max_chars: int = 4_000_000
 
@@ -106,12 +106,12 @@ class SamplingSection:
     # Host threads that each decode an equal share of the prompts (same samples for any count).
     # 0: auto, 2 on a one-device CPU backend with >= 2 cores (a decode loop keeps one core busy), else 1.
     threads: int = 0
-    # "static": all rows decode until the longest stops. "continuous" (grpo_jax.continuous): a stopped
+    # "static": all rows decode until the longest stops. "continuous" (grpo_jax.sampling.continuous): a stopped
     # row's decode slot takes the next waiting row. "auto": continuous when completions can run long
     # (max_new_tokens > 128, EOS not ignored), where length tails make a static batch mostly padding.
     engine: Literal["auto", "static", "continuous"] = "auto"
     # Continuous engine: decode slots over all devices, per sampler thread (0: auto, see
-    # grpo_jax.sampler.slots_per_device), and how often (in tokens) stopped rows' slots are refilled.
+    # grpo_jax.sampling.sampler.slots_per_device), and how often (in tokens) stopped rows' slots are refilled.
     decode_slots: int = 0
     refill_every: int = 8
 
@@ -134,7 +134,7 @@ class GRPOSection:
     eps_high: float | None = None  # DAPO clip-higher; None: eps_low
     beta: float = 0.0  # KL weight; 0 skips the reference forward entirely
     kl: Literal["k1", "k2", "k3"] = "k3"
-    # The policy objective (grpo_jax.objectives): TRL's loss_type names where TRL has the family, verl's
+    # The policy objective (grpo_jax.core.objectives): TRL's loss_type names where TRL has the family, verl's
     # loss_mode names otherwise. None: PPO's clipped term aggregated by `aggregation` (the seed's).
     loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "gspo", "luspo", "cispo", "sapo", "vespo", "geo_mean",
                        "dppo_tv", "dppo_kl", "gpg", "clip_cov", "kl_cov"] | None = None
@@ -181,7 +181,7 @@ class GRPOSection:
     ref_resync_every: int = 0  # 0: never; else copy the policy into the reference every N steps (beta > 0)
     # Update/log-prob passes on length-sorted rows cut to bucketed lengths; auto: where it runs fewer tokens.
     bucket_by_length: Literal["auto", "on", "off"] = "auto"
-    # On-policy distillation (grpo_jax.distillation, grpo_jax.teacher): the student's reverse KL to a
+    # On-policy distillation (grpo_jax.core.distillation, grpo_jax.training.teacher): the student's reverse KL to a
     # frozen teacher on its own samples, added to the policy loss. Grouped here, not in a section of
     # its own: it is one more term of this loss over the same tokens and normaliser, and the update
     # reads it from this section as it reads `beta` (no new argument through step/length_buckets).
@@ -193,7 +193,7 @@ class GRPOSection:
     loss_top_k: int = 0
     loss_add_tail: bool = True  # top-k: one bucket for the mass outside the K ids (TRL's default)
     teacher_dtype: Literal["float32", "bfloat16"] = "float32"  # as ref_dtype: the teacher's weights
-    # Advantage estimator by verl's name (grpo_jax.advantage_estimators); "grpo": group_advantages.
+    # Advantage estimator by verl's name (grpo_jax.core.advantage_estimators); "grpo": group_advantages.
     adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "opo",
                            "grpo_passk"] = "grpo"
     # TRL's: the k3 KL times the differentiable ratio pi_theta / pi_old (DeepSeek-V3.2); only with beta > 0.
@@ -215,7 +215,7 @@ class GRPOSection:
         ("grpo" family) with `aggregation` ("sequence" when None) and `ratio` ("token" when None)."""
         if self.loss_type is None:
             return "grpo", self.aggregation or "sequence", self.ratio or "token"
-        from grpo_jax import objectives  # the table lives with the math
+        from grpo_jax.core import objectives
 
         aggregation, ratio = objectives.resolve_loss_type(self.loss_type, self.aggregation, self.ratio)
         return self.loss_type, aggregation, ratio
@@ -301,13 +301,13 @@ class TrainSection:
     report_to: tuple[str, ...] = ("tensorboard",)
     wandb_project: str = "grpo_jax"
     # Asynchronous rollouts: step n's batch is sampled from the params of step max(0, n - 1 - k),
-    # so it runs while the k steps before it update. 0: the synchronous loop. See grpo_jax.async_rollouts.
+    # so it runs while the k steps before it update. 0: the synchronous loop. See grpo_jax.training.async_rollouts.
     max_staleness: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-    """The device mesh (grpo_jax.sharding): batch rows over data x fsdp, weights over fsdp and tensor.
+    """The device mesh (grpo_jax.distributed.sharding): batch rows over data x fsdp, weights over fsdp and tensor.
 
     -1 takes the devices left over. The default puts every local device on `data`.
     """
@@ -549,7 +549,7 @@ def _validate_lora(m: ModelSection, g: GRPOSection) -> None:
             raise ConfigError(
                 f"model.lora_dropout={m.lora_dropout}: grpo_jax merges the adapters into the weights (W + "
                 "alpha/r * A @ B), which leaves no adapter-only input to drop; set it to 0")
-        from grpo_jax.lora import resolve_targets  # noqa: PLC0415 - config stays importable on its own
+        from grpo_jax.model.lora import resolve_targets  # noqa: PLC0415 - config stays importable on its own
 
         try:
             resolve_targets(m.lora_target_modules)
@@ -563,7 +563,7 @@ def _validate_lora(m: ModelSection, g: GRPOSection) -> None:
 
 def _validate_distillation(g: GRPOSection) -> None:
     """The on-policy distillation rules (validate); the teacher's path and vocabulary are checked
-    where it is read (grpo_jax.teacher.load, and `check`)."""
+    where it is read (grpo_jax.training.teacher.load, and `check`)."""
     if g.teacher_tau < 0:
         raise ConfigError(f"grpo.teacher_tau={g.teacher_tau} must be >= 0 (the distillation loss's weight)")
     if g.loss_top_k < 0:
@@ -579,7 +579,7 @@ def _validate_distillation(g: GRPOSection) -> None:
 def _validate_objective(g: GRPOSection) -> None:
     """loss_type against aggregation and ratio, and the families' own settings (validate)."""
     if g.loss_type is not None:
-        from grpo_jax import objectives
+        from grpo_jax.core import objectives
 
         try:
             objectives.resolve_loss_type(g.loss_type, g.aggregation, g.ratio)

@@ -18,7 +18,7 @@
 #   --memory-per-device SIZE   passed to check (e.g. 80GB)
 #   --dry-run           print the commands instead of running them (with --check, run the check only)
 # The run starts in the repo root: relative paths inside the config (data, run_dir) are from there.
-# Before training, `python -m grpo_jax.platform_check cuda` stops a venv whose jaxlib is CPU-only and
+# Before training, `python -m grpo_jax.distributed.platform_check cuda` stops a venv whose jaxlib is CPU-only and
 # prints the fix (pip install -e '.[cuda12]').
 set -euo pipefail
 
@@ -76,7 +76,7 @@ count_gpus() {
 show() { local line; line="$(printf '%q ' "$@")"; echo "${line% }"; }
 run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }
 
-accelerator_check=("$python" -m grpo_jax.platform_check cuda)
+accelerator_check=("$python" -m grpo_jax.distributed.platform_check cuda)
 check_cmd=()
 if [[ $check == 1 ]]; then
   devices="$(count_gpus)"

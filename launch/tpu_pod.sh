@@ -139,7 +139,7 @@ if [[ $install == 1 ]]; then
 elif [[ $allow_cpu == 1 ]]; then
   remote_setup="$remote_unpack"
 else
-  remote_setup="$remote_unpack && .venv/bin/python -m grpo_jax.platform_check tpu"
+  remote_setup="$remote_unpack && .venv/bin/python -m grpo_jax.distributed.platform_check tpu"
 fi
 
 run() { if [[ $dry_run == 1 ]]; then show "$@"; else "$@"; fi; }

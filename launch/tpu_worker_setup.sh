@@ -48,7 +48,7 @@ else
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[tpu]'
-if ! .venv/bin/python -m grpo_jax.platform_check tpu; then
+if ! .venv/bin/python -m grpo_jax.distributed.platform_check tpu; then
   [[ $allow_cpu == 1 ]] || exit 1
   echo "$host: continuing without libtpu (--allow-cpu)" >&2
 fi

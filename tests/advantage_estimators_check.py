@@ -20,9 +20,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from grpo_jax import advantage_estimators as est  # noqa: E402
-from grpo_jax import entropy_control as ec  # noqa: E402
-from grpo_jax.losses import grpo_loss  # noqa: E402
+from grpo_jax.core import advantage_estimators as est
+from grpo_jax.core import entropy_control as ec
+from grpo_jax.core.losses import grpo_loss  # noqa: E402
 
 NUM_DEV, N, G, T, K = 8, 32, 4, 6, 3
 AXIS = "data"

@@ -21,8 +21,8 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from grpo_jax import async_rollouts, rollout, train  # noqa: E402
-from grpo_jax import step as step_lib  # noqa: E402
+from grpo_jax.training import async_rollouts, rollout, train
+from grpo_jax.training import step as step_lib
 from test_train import SevensTask, tiny_config  # noqa: E402
 
 

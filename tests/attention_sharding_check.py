@@ -21,8 +21,8 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import compiled_programs  # noqa: E402
-from grpo_jax import model as M  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
+from grpo_jax import model as M
+from grpo_jax.distributed import sharding
 
 # Two kv heads and four query heads (split over tensor=2), 8 rows (over data * fsdp = 4), a
 # sliding second layer, 40 tokens in tiles of 16 (blockwise's smallest real use: three tiles).

@@ -19,9 +19,9 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).parent))
 
 import compiled_programs  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
-from grpo_jax.sampler import Sampler, SamplingConfig  # noqa: E402
+from grpo_jax import model as model_lib
+from grpo_jax.distributed import sharding
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig  # noqa: E402
 
 CONFIG = model_lib.ModelConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                                num_kv_heads=2, head_dim=16)

@@ -14,8 +14,8 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax import model as model_lib
-from grpo_jax import sharding
-from grpo_jax.sampler import Sampler, SamplingConfig
+from grpo_jax.distributed import sharding
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
 CONFIG = model_lib.ModelConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                                num_kv_heads=2, head_dim=16, dtype="bfloat16", param_dtype="float32")

@@ -22,7 +22,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def main(out: str, run_dir: str, top_k: int) -> None:
     from test_train import SevensTask, tiny_config
 
-    from grpo_jax import hf, train
+    from grpo_jax.io import hf
+    from grpo_jax.training import train
     from grpo_jax import model as model_lib
 
     # A random teacher of another shape (width 48, one layer): the layouts are compared, not learning.

@@ -37,9 +37,9 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tolerances import adam_weight_atol  # noqa: E402
 
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
+from grpo_jax import config as config_lib
+from grpo_jax import model as model_lib
+from grpo_jax.distributed import sharding
 
 MODEL = model_lib.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=1,
                               num_heads=4, num_kv_heads=2, head_dim=8)
@@ -80,8 +80,8 @@ def main(argv=None) -> int:
 
     joined = sharding.initialize_distributed(f"localhost:{args.port}", args.num_processes, args.process_id)
     _log("joined")
-    from grpo_jax import optim  # after initialize: nothing may touch a device before it
-    from grpo_jax import step as step_lib
+    from grpo_jax.training import optim
+    from grpo_jax.training import step as step_lib
 
     result = {"joined": joined, "process_index": jax.process_index(), "process_count": jax.process_count(),
               "device_count": jax.device_count(), "local_device_count": jax.local_device_count()}

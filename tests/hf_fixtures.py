@@ -21,7 +21,7 @@ What the directory holds (the files Qwen2.5-0.5B-Instruct has, at toy size):
   generation_config.json  eos_token_id [<|im_end|>, <|endoftext|>]: two stop ids
 
 Built with our own code nowhere in the path (weights are written by name with numpy and
-safetensors), so tests of `grpo_jax.hf` and `grpo_jax.tokenizer` can trust it.
+safetensors), so tests of `grpo_jax.io.hf` and `grpo_jax.io.tokenizer` can trust it.
 """
 
 from __future__ import annotations

@@ -36,12 +36,14 @@ from compiled_programs import per_device_parameter_shapes  # noqa: E402
 from flax import nnx  # noqa: E402
 from tolerances import ADAM_EPS_FOR_COMPARISONS, GRAD_REL_ERR, normwise_violation  # noqa: E402
 
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax import length_buckets, losses, phases, run_context, sharding  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import step as step_lib  # noqa: E402
-from grpo_jax.run_context import RunState  # noqa: E402
-from grpo_jax.timing import ReadyTimes  # noqa: E402
+from grpo_jax import config as config_lib
+from grpo_jax.training import length_buckets, phases, run_context
+from grpo_jax.core import losses
+from grpo_jax.distributed import sharding
+from grpo_jax import model as model_lib
+from grpo_jax.training import step as step_lib
+from grpo_jax.training.run_context import RunState  # noqa: E402
+from grpo_jax.training.timing import ReadyTimes  # noqa: E402
 
 MODEL = model_lib.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=1,
                               num_heads=4, num_kv_heads=2, head_dim=8)

@@ -20,7 +20,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from grpo_jax import train  # noqa: E402
+from grpo_jax.training import train
 from test_train import SevensTask, tiny_config  # noqa: E402
 
 

@@ -19,9 +19,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from grpo_jax.advantages import group_advantages, zero_std_fraction  # noqa: E402
-from grpo_jax.losses import grpo_loss, token_entropy  # noqa: E402
-from grpo_jax.objectives import policy_loss  # noqa: E402
+from grpo_jax.core.advantages import group_advantages, zero_std_fraction  # noqa: E402
+from grpo_jax.core.losses import grpo_loss, token_entropy  # noqa: E402
+from grpo_jax.core.objectives import policy_loss  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -32,7 +32,7 @@ LOSS_OPTIONS = [
     dict(aggregation="token", eps_high=0.28, ratio="sequence"),
     dict(aggregation="constant", max_len=10),
 ]
-# The other loss families (grpo_jax.objectives), with the sampler weights (their own placement).
+# The other loss families (grpo_jax.core.objectives), with the sampler weights (their own placement).
 # Clip-Cov and KL-Cov draw from each call's rows, so they are per device by design: not here.
 OBJECTIVES = ["cispo", "sapo", "vespo", "geo_mean", "dppo_kl", "luspo", "gpg"]
 

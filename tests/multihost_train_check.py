@@ -21,7 +21,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from grpo_jax import sharding  # noqa: E402
+from grpo_jax.distributed import sharding
 
 
 def _lenient_task():
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
 
     import dataclasses
 
-    from grpo_jax import train  # after initialize: nothing may touch a device before it
+    from grpo_jax.training import train
     from grpo_jax.config import EvalSection, MeshSection, SFTSection
     from test_train import SevensTask, tiny_config
     from tolerances import ADAM_EPS_FOR_COMPARISONS

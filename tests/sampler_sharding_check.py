@@ -28,10 +28,10 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).parent))
 
 import compiled_programs  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
+from grpo_jax import model as model_lib
+from grpo_jax.distributed import sharding
 from grpo_jax.model import blockwise  # noqa: E402
-from grpo_jax.sampler import Sampler, SamplingConfig  # noqa: E402
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig  # noqa: E402
 
 # Weights much larger than one decode step's activations, so "weight-sized" and "activation-sized"
 # collectives are told apart by bytes on the fsdp meshes: the smallest matrix a device holds in the

@@ -31,13 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tolerances import (ADAM_EPS_FOR_COMPARISONS, FORWARD_REL_ERR, GRAD_REL_ERR,  # noqa: E402
                         adam_weight_atol, normwise_violation)
 
-from grpo_jax import advantages as adv_lib  # noqa: E402
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
-from grpo_jax import optim  # noqa: E402
-from grpo_jax import step as step_lib  # noqa: E402
-from grpo_jax.sampler import Sampler, SamplingConfig  # noqa: E402
+from grpo_jax.core import advantages as adv_lib
+from grpo_jax import config as config_lib
+from grpo_jax import model as model_lib
+from grpo_jax.distributed import sharding
+from grpo_jax.training import optim
+from grpo_jax.training import step as step_lib
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig  # noqa: E402
 
 # Tiny, but every sharded dimension is exercised: D=32 and F=64 split over fsdp up to 8; N=8 heads
 # split over tensor up to 8; K=2 kv heads and V=44 do not divide by tensor=8 (or V by 8 at all), so

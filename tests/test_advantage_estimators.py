@@ -1,4 +1,4 @@
-"""grpo_jax.advantage_estimators: worked examples, the trainer's default, 8 fake devices, and parity
+"""grpo_jax.core.advantage_estimators: worked examples, the trainer's default, 8 fake devices, and parity
 with verl 0.9.1's estimators (`parity`: needs torch and verl, skipped without them)."""
 
 import math
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantage_estimators as est
-from grpo_jax.advantages import group_advantages
+from grpo_jax.core import advantage_estimators as est
+from grpo_jax.core.advantages import group_advantages
 
 # Exact-arithmetic examples computed in float32: a few roundings of O(1) values, so 1e-6 absolute
 # (16 u) covers them; a wrong formula is off by >= 1e-2 in every example below.
@@ -249,7 +249,7 @@ def test_the_score_phase_feeds_each_estimator_what_it_needs():
     import types
 
     from grpo_jax import config as config_lib
-    from grpo_jax import phases
+    from grpo_jax.training import phases
     from grpo_jax.rewards import WeightedReward
 
     mask = np.array([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]], np.int32)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.advantages import (
+from grpo_jax.core.advantages import (
     group_advantages,
     process_advantages,
     step_token_advantages,

@@ -1,4 +1,4 @@
-"""grpo_jax.bench: the W1 task and reward, FLOP counts from shapes, the summaries the scripts print."""
+"""grpo_jax.cli.bench: the W1 task and reward, FLOP counts from shapes, the summaries the scripts print."""
 
 import dataclasses
 import math
@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from grpo_jax import bench
+from grpo_jax.cli import bench
 from grpo_jax.model import ModelConfig
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.io.tokenizer import load_tokenizer
 
 W1 = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=704, num_layers=4, num_heads=4,
                  num_kv_heads=2, head_dim=64, qkv_bias=True)

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from grpo_jax import chat_template as ct
-from grpo_jax import tokenizer as tk
+from grpo_jax.io import chat_template as ct
+from grpo_jax.io import tokenizer as tk
 from hf_fixtures import LLAMA3_STYLE_TEMPLATE, QWEN_STYLE_TEMPLATE, make_tiny_instruct_checkpoint
 
 LLAMA3_TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
@@ -276,7 +276,7 @@ def test_a_busy_template_is_stopped_by_the_time_limit_and_the_limits_are_options
 def test_the_tokenizer_renders_under_the_configured_limits(tmp_path):
     # model.chat_template_max_chars reaches the tokenizer the trainer loads.
     from grpo_jax import config as config_lib
-    from grpo_jax import run_context
+    from grpo_jax.training import run_context
 
     make_tiny_instruct_checkpoint(tmp_path)
     (tmp_path / "chat_template.jinja").write_text("{{ 'a' * 300 }}{{ messages[0].content }}")

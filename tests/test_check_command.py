@@ -23,7 +23,7 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"  # argument/output/alias siz
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from grpo_jax import check_command
+    from grpo_jax.cli import check as check_command
 
     parser = argparse.ArgumentParser()
     check_command.add_arguments(parser)
@@ -34,7 +34,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def _cli(args: list[str], devices: int, timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    return subprocess.run([sys.executable, "-m", "grpo_jax.check_command", *args, "--devices", str(devices)],
+    return subprocess.run([sys.executable, "-m", "grpo_jax.cli.check", *args, "--devices", str(devices)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -94,7 +94,7 @@ def test_a_present_checkpoint_is_read_from_its_config_json(capsys, tmp_path):
 
 
 def test_parse_bytes():
-    from grpo_jax.check_command import parse_bytes
+    from grpo_jax.cli.check import parse_bytes
 
     assert parse_bytes("16GiB") == 16 * 2**30 == parse_bytes("16G")
     assert parse_bytes("80GB") == 80 * 10**9
@@ -104,7 +104,7 @@ def test_parse_bytes():
 
 
 def _shape(name: str) -> dict:
-    from grpo_jax.check_command import MODEL_SHAPES
+    from grpo_jax.cli.check import MODEL_SHAPES
 
     return MODEL_SHAPES[name]
 
@@ -114,7 +114,7 @@ def _shape(name: str) -> dict:
     ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512),
     ("qwen2.5-32b", 32_763_876_352), ("llama-3.1-8b", 8_030_261_248)])
 def test_model_shapes_have_the_published_parameter_counts(name, published):
-    from grpo_jax import hf
+    from grpo_jax.io import hf
 
     config = hf.config_from_hf(_shape(name))
     assert sum(math.prod(e.hf_shape) for e in hf.weight_map(config)) == published
@@ -170,7 +170,9 @@ def test_figures_equal_the_table_and_a_real_build(tmp_path):
 
 def _measure(out_path: str, overrides: list[str]) -> None:
     """check's figures and a real build's bytes per device (set of values over the devices)."""
-    from grpo_jax import check_command, run_context, sharding, step
+    from grpo_jax.cli import check as check_command
+    from grpo_jax.training import run_context, step
+    from grpo_jax.distributed import sharding
     from grpo_jax import config as config_lib
 
     config = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs/arith_cpu.py")), overrides)
@@ -239,7 +241,7 @@ def test_qwen25_05b_gpu_config_on_8_devices(tmp_path):
 
 @pytest.mark.slow
 def test_tpu_pod_config_7b_on_16_devices(tmp_path):
-    from grpo_jax import hf
+    from grpo_jax.io import hf
 
     proc = _cli(["--config", "configs/tpu_pod.py", "--model-shape", "qwen2.5-7b", "--set", "mesh.data=1",
                  "--set", "mesh.fsdp=4", "--set", "mesh.tensor=4", "--json", str(tmp_path / "f.json")], devices=16)
@@ -295,7 +297,7 @@ def test_a_very_deep_model_says_at_once_that_the_check_takes_minutes(monkeypatch
     # compiling on a 2-core CPU). The line comes before the slow build, which is stopped here.
     import logging
 
-    from grpo_jax import check_command
+    from grpo_jax.cli import check as check_command
     from grpo_jax import config as config_lib
 
     def stop(*_, **__):

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax.checkpoint import CORRUPT_SUBDIR, CheckpointManager
+from grpo_jax.io.checkpoint import CORRUPT_SUBDIR, CheckpointManager
 
 # Orbax leaves tracebacks behind when a restore fails ("Event loop is closed", abandoned read
 # coroutines); CheckpointManager.restore keeps them out of the output, and these tests fail if
@@ -114,7 +114,7 @@ def test_corrupt_newest_falls_back_to_previous_with_warning(tmp_path, caplog, da
         (newest / "meta" / "metadata").write_text('{"pos": 2')  # cut off mid-write
 
     ckpt = CheckpointManager(tmp_path, max_to_keep=3)
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.io.checkpoint"):
         step, restored, meta = ckpt.restore(_abstract(states[1]))
     assert (step, meta) == (1, {"pos": 10})
     _assert_trees_equal(restored, states[1])
@@ -143,7 +143,7 @@ _FALLBACK_SCRIPT = textwrap.dedent(
     for noisy in ("jax", "absl", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import jax, jax.numpy as jnp, optax
-    from grpo_jax.checkpoint import CheckpointManager
+    from grpo_jax.io.checkpoint import CheckpointManager
 
     def state(seed):
         params = {f"layer{i}": {"w": jnp.full((32, 32), float(seed + i)), "b": jnp.zeros((32,))}
@@ -238,7 +238,7 @@ def test_fallback_past_corrupt_checkpoints_logs_one_line_per_bad_step(tmp_path):
 
 
 def test_other_unraisable_exceptions_still_reach_the_previous_hook(monkeypatch):
-    from grpo_jax import checkpoint
+    from grpo_jax.io import checkpoint
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
     checkpoint.silence_abandoned_reads(Path("/nowhere"))
@@ -304,7 +304,7 @@ _SHARDED_SCRIPT = textwrap.dedent(
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from grpo_jax.checkpoint import CheckpointManager
+    from grpo_jax.io.checkpoint import CheckpointManager
 
     assert jax.device_count() == 8, jax.devices()
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -365,7 +365,7 @@ def test_flipped_bits_in_an_array_file_fall_back_to_the_previous_step(tmp_path, 
         data[i] ^= 0x01 if damage == "xor_one_byte" else 0xFF
     target.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.io.checkpoint"):
         step, restored, meta = CheckpointManager(tmp_path).restore(_abstract(states[1]))
     assert (step, meta) == (1, {"data_position": 10})
     _assert_trees_equal(restored, states[1])
@@ -392,7 +392,7 @@ def test_a_step_without_fingerprints_or_a_required_field_is_corrupt(tmp_path, ca
     meta = json.loads(meta_file.read_text())
     del meta["array_fingerprints"]
     meta_file.write_text(json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.io.checkpoint"):
         step, _, meta = CheckpointManager(tmp_path).restore(_abstract(_run_state(seed=1)),
                                                             required_meta=("data_position", "config"))
     assert (step, meta) == (1, {"data_position": 10, "config": {}})
@@ -414,7 +414,7 @@ def test_a_step_saved_before_fingerprints_restores_with_one_warning(tmp_path, ca
     meta = json.loads(meta_file.read_text())
     del meta["array_fingerprints"], meta["verified_format"]
     meta_file.write_text(json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.io.checkpoint"):
         step, restored, meta = CheckpointManager(tmp_path).restore(_abstract(state),
                                                                    required_meta=("data_position", "config"))
     assert (step, meta) == (4, {"data_position": 40, "config": {}})
@@ -426,7 +426,7 @@ def test_a_step_saved_before_fingerprints_restores_with_one_warning(tmp_path, ca
 def test_fingerprints_are_the_two_word_sums_of_the_formula():
     # Exact integer sums (order-free, so a restore into a new layout verifies too: the 8-device
     # test above restores through them), checked here against numpy's uint64 arithmetic.
-    from grpo_jax import fingerprint
+    from grpo_jax.io import fingerprint
 
     x = _incompressible(3, (8, 6))
     words = np.asarray(x).view(np.uint32).ravel().astype(np.uint64)
@@ -471,7 +471,7 @@ def test_a_full_disk_stops_the_run_with_one_line(tmp_path):
 def test_eval_reads_only_params_that_match_their_fingerprints(tmp_path, caplog):
     # `eval --checkpoint` restores the params alone (Orbax's partial restore) and verifies them the
     # same way: a flipped bit in step 2's params falls back to step 1 with one warning.
-    from grpo_jax import eval_command
+    from grpo_jax.cli import eval as eval_command
 
     states = {s: {"params": {"big_DxF": _incompressible(s)}, "opt_state": {"mu": jnp.zeros(3)}} for s in (1, 2)}
     ckpt = CheckpointManager(tmp_path / "checkpoints", async_save=False)

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
-from grpo_jax.sampler import Sampler, SamplingConfig, force_lengths
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig, force_lengths
 
 TESTS = Path(__file__).parent
 CONFIG = M.ModelConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -150,7 +150,7 @@ def test_auto_picks_continuous_where_completions_run_long():
 def test_train_run_with_the_continuous_engine_equals_the_static_one(tmp_path):
     import dataclasses
 
-    from grpo_jax import train
+    from grpo_jax.training import train
     from test_train import SevensTask, tiny_config
 
     rows = {}

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from grpo_jax.diagnostics import Diagnostics
+from grpo_jax.training.diagnostics import Diagnostics
 
 
 def healthy_run(n_steps: int = 120, seed: int = 0) -> list[dict]:
@@ -47,7 +47,7 @@ def test_entropy_collapse_fires_once_with_cause_and_fix(caplog):
     for s in range(60, 120):  # entropy 0.85 -> 0.05 while zero-variance climbs (below 0.5: no second warning)
         run[s]["entropy"] = max(0.05, 0.85 - 0.03 * (s - 60))
         run[s]["frac_reward_zero_std"] = 0.2 + 0.004 * (s - 60)
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.diagnostics"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.training.diagnostics"):
         warnings = feed(Diagnostics(), run)
     assert len(warnings) == 1  # once per episode, not every step of the collapse
     step, msg = warnings[0]

@@ -1,4 +1,4 @@
-"""The on-policy distillation losses (grpo_jax.distillation) as worked examples, their gradients
+"""The on-policy distillation losses (grpo_jax.core.distillation) as worked examples, their gradients
 against the analytic reverse-KL gradient, and the student/teacher log-prob passes they read."""
 
 import jax
@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import distillation, losses
+from grpo_jax.core import distillation, losses
 from grpo_jax import model as model_lib
-from grpo_jax import teacher as teacher_lib
+from grpo_jax.training import teacher as teacher_lib
 from tolerances import FORWARD_REL_ERR
 
 # The examples below are a handful of float32 logs, exps and sums of <= 5 terms of size <= 1:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import train
+from grpo_jax.training import train
 from grpo_jax.config import ConfigError, GRPOSection
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +109,7 @@ def test_a_missing_teacher_is_a_config_error_naming_the_field_and_path(tmp_path)
 def test_a_teacher_with_a_smaller_vocabulary_is_a_config_error(tmp_path):
     # The student's char tokenizer has 14 ids (12 symbols + pad + EOS); a teacher of 10 cannot
     # score them.
-    from grpo_jax import hf
+    from grpo_jax.io import hf
     from grpo_jax import model as model_lib
 
     small = model_lib.ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -139,9 +139,10 @@ def test_check_counts_the_teacher_as_a_real_load_holds_it(tmp_path, teacher_dir)
     # `check` reads the teacher's shape from its config.json: its bytes per device equal what
     # teacher.load puts on the device (float32: 4 B a weight; bfloat16 half), it is resident in
     # every phase, and its pass is compiled.
-    from grpo_jax import check_command, sharding
-    from grpo_jax import teacher as teacher_lib
-    from grpo_jax.run_context import configured_mesh, configured_tokenizer
+    from grpo_jax.cli import check as check_command
+    from grpo_jax.distributed import sharding
+    from grpo_jax.training import teacher as teacher_lib
+    from grpo_jax.training.run_context import configured_mesh, configured_tokenizer
 
     cfg = _student(tmp_path, teacher_dir)
     figures = check_command.check(cfg, prompt_tokens=8)
@@ -160,8 +161,8 @@ def test_a_teacher_whose_saved_tokenizer_splits_differently_is_a_config_error(tm
     # A teacher directory holding a byte-level BPE tokenizer.json (323 ids) beside a student with
     # the 14-id char tokenizer: the ids mean different text, whatever the vocabulary sizes. The
     # same tokenizer.json on both sides passes.
-    from grpo_jax import teacher as teacher_lib
-    from grpo_jax.tokenizer import load_tokenizer
+    from grpo_jax.training import teacher as teacher_lib
+    from grpo_jax.io.tokenizer import load_tokenizer
     from hf_fixtures import train_tiny_bpe
 
     pytest.importorskip("tokenizers")
@@ -214,8 +215,8 @@ def test_a_bfloat16_teacher_holds_bf16_weights_and_scores_like_the_float32_one(t
     # teacher that did not load (random weights) differs by whole nats.
     import jax.numpy as jnp
 
-    from grpo_jax import teacher as teacher_lib
-    from grpo_jax.run_context import configured_mesh, configured_tokenizer
+    from grpo_jax.training import teacher as teacher_lib
+    from grpo_jax.training.run_context import configured_mesh, configured_tokenizer
 
     cfg = _student(tmp_path, teacher_dir)
     cfg16 = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, teacher_dtype="bfloat16"))

@@ -1,4 +1,4 @@
-"""grpo_jax.entropy_control and its use in the train step: worked examples, exact zero gradients on
+"""grpo_jax.core.entropy_control and its use in the train step: worked examples, exact zero gradients on
 the tokens top_entropy_quantile drops, the adaptive controller in the update, and parity with TRL
 1.16's GRPOTrainer loss (`parity`: needs torch and trl, skipped without them)."""
 
@@ -14,10 +14,10 @@ import pytest
 from flax import nnx
 
 from grpo_jax import config as config_lib
-from grpo_jax import entropy_control as ec
+from grpo_jax.core import entropy_control as ec
 from grpo_jax import model as model_lib
-from grpo_jax import step as step_lib
-from grpo_jax.losses import grpo_loss
+from grpo_jax.training import step as step_lib
+from grpo_jax.core.losses import grpo_loss
 from tolerances import GRAD_REL_ERR, normwise_violation
 
 # Hand examples of a few float32 operations on O(1) values: 1e-6 absolute (16 u).

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from grpo_jax import config as config_lib
-from grpo_jax import eval_command, run_context, train
+from grpo_jax.cli import eval as eval_command
+from grpo_jax.training import run_context, train
 from grpo_jax.tasks import named_eval_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -192,12 +193,12 @@ def test_config_errors_exit_2_with_a_message(tmp_path, capsys, argv, message):
 
 
 def test_eval_command_module_runs_as_a_script(tmp_path):
-    # `python -m grpo_jax.eval_command` until `python -m grpo_jax eval` is hooked up: --help works.
+    # `python -m grpo_jax.cli.eval` until `python -m grpo_jax eval` is hooked up: --help works.
     import subprocess
     import sys
 
     root = Path(__file__).parent.parent
-    done = subprocess.run([sys.executable, "-m", "grpo_jax.eval_command", "--help"], cwd=root, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "grpo_jax.cli.eval", "--help"], cwd=root, capture_output=True,
                           text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert done.returncode == 0 and "--checkpoint RUN_DIR" in done.stdout and "summary.json" in done.stdout
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.evaluation import maj_at_k, majority_answer, pass_at_1, pass_at_k
+from grpo_jax.core.evaluation import maj_at_k, majority_answer, pass_at_1, pass_at_k
 
 
 def test_seed_example_n8_c2():

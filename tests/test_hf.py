@@ -18,8 +18,8 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from grpo_jax import hf
-from grpo_jax import tokenizer as tk
+from grpo_jax.io import hf
+from grpo_jax.io import tokenizer as tk
 from grpo_jax.model import ModelConfig, RopeScaling
 from full_forward import full_forward
 from hf_fixtures import make_tiny_instruct_checkpoint

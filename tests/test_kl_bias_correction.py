@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import config as config_lib
-from grpo_jax.losses import grpo_loss, importance_ratio, kl_penalty
+from grpo_jax.core.losses import grpo_loss, importance_ratio, kl_penalty
 
 ATOL = 1e-6  # a few float32 roundings of O(1) values (16 u)
 

@@ -64,7 +64,7 @@ def test_gpu_local_from_another_directory_prints_the_cd_and_absolute_paths(elsew
     py = f"{elsewhere}/venv/bin/python"
     assert proc.stdout.splitlines() == [
         f"cd {REPO}",
-        f"{py} -m grpo_jax.platform_check cuda",  # the venv must hold the CUDA jaxlib
+        f"{py} -m grpo_jax.distributed.platform_check cuda",  # the venv must hold the CUDA jaxlib
         (f"env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90 {GPUS_0123} {py} -m grpo_jax train "
          f"--config {elsewhere}/myconf.py --set mesh.fsdp=4 --resume"),
     ]
@@ -86,11 +86,11 @@ def test_gpu_local_stops_before_training_when_the_venv_lacks_the_cuda_jaxlib(els
     python, log, env = fake_python
     ran = _launch("gpu_local.sh", "--config", "myconf.py", "--python", str(python), cwd=elsewhere, env=env)
     assert ran.returncode == 0, ran.stderr
-    assert _calls(log) == ["-m grpo_jax.platform_check cuda", f"-m grpo_jax train --config {elsewhere}/myconf.py"]
+    assert _calls(log) == ["-m grpo_jax.distributed.platform_check cuda", f"-m grpo_jax train --config {elsewhere}/myconf.py"]
     log.unlink()
     stopped = _launch("gpu_local.sh", "--config", "myconf.py", "--python", str(python), cwd=elsewhere,
                       env={**env, "FAKE_RC": "1"})
-    assert stopped.returncode == 1 and _calls(log) == ["-m grpo_jax.platform_check cuda"]  # train never started
+    assert stopped.returncode == 1 and _calls(log) == ["-m grpo_jax.distributed.platform_check cuda"]  # train never started
     # --allow-cpu skips the check and asks train to accept a CPU backend.
     allowed = _launch("gpu_local.sh", "--dry-run", "--config", "myconf.py", "--allow-cpu", cwd=elsewhere)
     assert "platform_check" not in allowed.stdout and allowed.stdout.rstrip().endswith("--allow-cpu")
@@ -135,7 +135,7 @@ def test_slurm_from_another_directory_starts_one_process_per_gpu_with_absolute_p
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"cd {REPO}",
-        "/opt/venv/bin/python -m grpo_jax.platform_check cuda",
+        "/opt/venv/bin/python -m grpo_jax.distributed.platform_check cuda",
         ("srun --nodes=3 --ntasks-per-node=4 --kill-on-bad-exit=1 env GRPO_DISTRIBUTED=auto "
          f"/opt/venv/bin/python -m grpo_jax train --config {elsewhere}/myconf.py --set mesh.fsdp=12"),
     ]
@@ -334,7 +334,7 @@ def test_worker_setup_gets_python_312_from_uv_when_the_image_has_310(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "uv venv --seed --python 3.12 .venv" in calls
     assert "venv-python -m pip install --quiet -e .[tpu]" in calls
-    assert "venv-python -m grpo_jax.platform_check tpu" in calls
+    assert "venv-python -m grpo_jax.distributed.platform_check tpu" in calls
     assert "Python 3.12.9, jax 0.10.2" in proc.stdout
 
 

@@ -1,4 +1,4 @@
-"""Length buckets (grpo_jax/length_buckets.py): worked examples of the plan, W3's executed padding,
+"""Length buckets (grpo_jax/training/length_buckets.py): worked examples of the plan, W3's executed padding,
 and the bucketed update phase equal to the unbucketed one on 1 and 8 devices.
 
 Exactness runs go through tests/length_buckets_check.py (the trainer's own phases and programs):
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from tolerances import FORWARD_REL_ERR, adam_weight_atol, metric_tolerance
 
-from grpo_jax import bench, length_buckets
+from grpo_jax.cli import bench
+from grpo_jax.training import length_buckets
 from grpo_jax import config as config_lib
 
 TESTS = Path(__file__).parent
@@ -197,7 +198,7 @@ def test_training_with_length_buckets_matches_training_without(tmp_path):
     # keys), and updates equal up to float32 summation order (tolerances.metric_tolerance).
     from test_train import SevensTask, tiny_config
 
-    from grpo_jax import train
+    from grpo_jax.training import train
 
     def run(mode):
         cfg = tiny_config(tmp_path / mode)

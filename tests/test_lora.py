@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from grpo_jax import check_command, lora, run_context, run_state, train
+from grpo_jax.cli import check as check_command
+from grpo_jax.model import lora
+from grpo_jax.training import run_context, run_state, train
 from grpo_jax import model as model_lib
-from grpo_jax.checkpoint import CheckpointManager
+from grpo_jax.io.checkpoint import CheckpointManager
 from grpo_jax.config import Config, ConfigError
 from test_train import SevensTask, tiny_config
 from tolerances import FORWARD_REL_ERR, GRAD_REL_ERR, metric_tolerance
@@ -139,7 +141,7 @@ def test_lora_with_asynchronous_rollouts_resumes_exactly(tmp_path):
 
 
 def test_export_writes_the_merged_model_and_peft_adapters(tmp_path):
-    from grpo_jax import hf
+    from grpo_jax.io import hf
     from safetensors.numpy import load_file
 
     cfg = _lora_config(tmp_path, steps=2, export_hf=True)
@@ -226,7 +228,7 @@ def test_parity_peft_applies_the_exported_adapters_as_the_merged_export(tmp_path
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from grpo_jax import hf
+    from grpo_jax.io import hf
 
     cfg = _lora_config(tmp_path / "run", steps=2, export_hf=True)
     result = train.run(cfg, task=SevensTask())

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.losses import (
+from grpo_jax.core.losses import (
     aggregate,
     clipped_surrogate,
     grpo_loss,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.metrics import MetricsWriter, metric_series, read_metrics
+from grpo_jax.io.metrics import MetricsWriter, metric_series, read_metrics
 
 
 def test_jsonl_round_trip_with_numpy_jax_and_nan(tmp_path):
@@ -49,7 +49,7 @@ def test_cut_off_last_line_is_skipped_but_bad_middle_line_is_an_error(tmp_path):
 def test_resume_after_a_crash_mid_write_starts_a_new_line_and_reads_back(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')  # killed while writing step 2
-    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+    with caplog.at_level("WARNING", logger="grpo_jax.io.metrics"):
         with MetricsWriter(tmp_path, total_steps=10, report_to=(), console=False) as w:
             w.write(2, {"reward": 0.6})  # resumed from the step-1 checkpoint
             w.write(3, {"reward": 0.7})
@@ -58,7 +58,7 @@ def test_resume_after_a_crash_mid_write_starts_a_new_line_and_reads_back(tmp_pat
     assert path.read_text().splitlines() == [
         '{"step": 1, "reward": 0.5}', '{"step": 2, "rew', '{"step": 2, "reward": 0.6}', '{"step": 3, "reward": 0.7}']
     caplog.clear()
-    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+    with caplog.at_level("WARNING", logger="grpo_jax.io.metrics"):
         records = read_metrics(tmp_path)
     assert [(r["step"], r["reward"]) for r in records] == [(1, 0.5), (2, 0.6), (3, 0.7)]
     assert "metrics.jsonl:2: skipping a line cut off mid-write" in caplog.text
@@ -79,7 +79,7 @@ def test_runs_written_before_the_fix_keep_the_record_glued_onto_a_fragment(tmp_p
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 1, "reward": 0.5}\n{"step": 2, "rew{"step": 2, "reward": 0.6}\n'
         '\x00\x00\x00{"step": 3, "reward": 0.7}\n{"step": 4, "reward": 0.8}\n')
-    with caplog.at_level("WARNING", logger="grpo_jax.metrics"):
+    with caplog.at_level("WARNING", logger="grpo_jax.io.metrics"):
         records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4] and records[1]["reward"] == 0.6
     assert "metrics.jsonl:2: skipping a fragment" in caplog.text and "metrics.jsonl:3:" in caplog.text
@@ -118,7 +118,7 @@ def test_bad_metric_values_name_the_metric(tmp_path):
 
 def test_progress_line_shows_key_figures_bar_and_eta(tmp_path, monkeypatch, capsys):
     clock = iter([100.0, 104.0])  # 2 steps in 4 s -> 2 s/step; 96 steps left -> 192 s
-    monkeypatch.setattr("grpo_jax.metrics.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("grpo_jax.io.metrics.time.monotonic", lambda: next(clock))
     with MetricsWriter(tmp_path, total_steps=100, report_to=()) as w:
         w.write(2, {"reward": 0.5, "kl": 0.0031, "entropy": 0.9, "completions/mean_length": 181.0, "lr": 1e-6})
         w.write(4, {"reward": 0.6, "kl": 0.004, "entropy": 0.8, "completions/mean_length": 190.0})

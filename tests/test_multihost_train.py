@@ -142,7 +142,8 @@ def test_multihost_settings_it_cannot_run_are_config_errors(monkeypatch, tmp_pat
 
     import jax
 
-    from grpo_jax import run_context, sharding
+    from grpo_jax.training import run_context
+    from grpo_jax.distributed import sharding
     from grpo_jax.config import ConfigError, SFTSection
     from test_train import tiny_config
 

@@ -1,4 +1,4 @@
-"""The policy objectives of grpo_jax.objectives: a worked example each (input, number, reason), the
+"""The policy objectives of grpo_jax.core.objectives: a worked example each (input, number, reason), the
 gradient at ratio 1 (the plain policy gradient, also with eps = 0), and exact accumulation.
 
 Tolerances: the worked examples are a handful of float32 operations on O(1) numbers, each rounding
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import losses
-from grpo_jax.objectives import (
+from grpo_jax.core import losses
+from grpo_jax.core.objectives import (
     LOSS_TYPES,
     clip_cov_terms,
     cispo_terms,
@@ -321,7 +321,7 @@ def _update_metrics(grpo):
     from flax import nnx
 
     from grpo_jax import model as model_lib
-    from grpo_jax import step as step_lib
+    from grpo_jax.training import step as step_lib
 
     cfg = model_lib.ModelConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                                 num_kv_heads=1, head_dim=8)
@@ -359,11 +359,11 @@ def test_update_runs_each_family_and_logs_its_metrics():
 
 
 def test_objectives_import_no_trainer_model_or_verifier():
-    # "One import away" for research code: the module pulls in jax and grpo_jax.losses only.
+    # "One import away" for research code: the module pulls in jax and grpo_jax.core.losses only.
     import subprocess
     import sys
 
-    code = ("import sys, grpo_jax.objectives; "
+    code = ("import sys, grpo_jax.core.objectives; "
             "print(sorted(m for m in sys.modules if m.startswith('grpo_jax.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
-    assert out.strip() == "['grpo_jax.losses', 'grpo_jax.objectives']"
+    assert out.strip() == "['grpo_jax.core.losses', 'grpo_jax.core.objectives']"

@@ -1,4 +1,4 @@
-"""Parity of grpo_jax.objectives with the peers' own code: TRL 1.16's `GRPOTrainer._compute_loss`
+"""Parity of grpo_jax.core.objectives with the peers' own code: TRL 1.16's `GRPOTrainer._compute_loss`
 (its loss, run on a stand-in trainer whose model returns our log-probs) and verl 0.9.1's
 policy-loss registry (`verl.trainer.ppo.core_algos`). Loss and gradient with respect to the
 per-token log-probs, on one batch with padding, clipped tokens and sampler weights.
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.objectives import policy_loss
+from grpo_jax.core.objectives import policy_loss
 
 pytestmark = pytest.mark.parity
 RTOL, ATOL = 1e-5, 1e-6  # module docstring

@@ -20,9 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import async_rollouts, phases, run_context, train
+from grpo_jax.training import async_rollouts, phases, run_context, train
 from grpo_jax.config import ConfigError
-from grpo_jax.run_dir import RunDirError
+from grpo_jax.io.run_dir import RunDirError
 from test_train import SevensTask, tiny_config
 from tolerances import FORWARD_REL_ERR, metric_tolerance
 
@@ -97,7 +97,7 @@ def test_the_pipeline_at_zero_staleness_equals_the_synchronous_loop_bit_for_bit(
     sync = train.run(_config(tmp_path / "sync", 0, steps=4), task=SevensTask())
 
     def shared_placement(config, graphdef, model_config, tokenizer, mesh, sampler, params):
-        from grpo_jax import sharding
+        from grpo_jax.distributed import sharding
         return run_context.RolloutPlacement(sampler=sampler, mesh=mesh, split=False,
                                             param_shardings=sharding.param_shardings(mesh, params))
 

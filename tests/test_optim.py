@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as model_lib
-from grpo_jax import optim
+from grpo_jax.training import optim
 from grpo_jax.config import OptimSection
 
 MODEL = model_lib.ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,

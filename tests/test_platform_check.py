@@ -1,4 +1,4 @@
-"""grpo_jax.platform_check: which configs expect an accelerator, what a CPU backend then does, and
+"""grpo_jax.distributed.platform_check: which configs expect an accelerator, what a CPU backend then does, and
 the launch scripts' install check (installed distributions only; no backend is started)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_jax import config as config_lib
-from grpo_jax import platform_check
+from grpo_jax.distributed import platform_check
 from grpo_jax.config import MeshSection
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_install_check_finds_libtpu_or_says_how_to_install_it():
 
 def test_the_install_check_command_fails_in_this_cpu_environment():
     # The test venv holds the CPU jaxlib (requirements.txt), exactly what the launch scripts must stop.
-    proc = subprocess.run([sys.executable, "-m", "grpo_jax.platform_check", "cuda"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "grpo_jax.distributed.platform_check", "cuda"], capture_output=True, text=True,
                           timeout=60, cwd=REPO, check=False)
     if proc.returncode == 0:
         pytest.skip("this environment has a CUDA jaxlib")
@@ -125,6 +125,6 @@ def test_the_install_check_command_fails_in_this_cpu_environment():
 
 def test_the_module_does_not_start_jax():
     # The install check runs on login nodes and before a worker's venv is trusted: metadata only.
-    proc = subprocess.run([sys.executable, "-c", "import sys, grpo_jax.platform_check; print('jax' in sys.modules)"],
+    proc = subprocess.run([sys.executable, "-c", "import sys, grpo_jax.distributed.platform_check; print('jax' in sys.modules)"],
                           capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
     assert proc.stdout.strip() == "False"

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from grpo_jax.plot import main, moving_average, plot_run
+from grpo_jax.io.plot import main, moving_average, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,15 +52,15 @@ def test_cli_writes_into_out_dir(tmp_path, capsys):
 
 def test_a_run_resumed_after_a_crash_mid_write_still_plots(tmp_path):
     # Killed while writing step 21, resumed from step 20: the old writer glued step 21's new
-    # record onto the fragment and `python -m grpo_jax.plot` failed on the run from then on.
-    from grpo_jax.metrics import MetricsWriter
+    # record onto the fragment and `python -m grpo_jax.io.plot` failed on the run from then on.
+    from grpo_jax.io.metrics import MetricsWriter
     _write_run(tmp_path, n_steps=20)
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 21, "reward": 0.4, "k')
     with MetricsWriter(tmp_path, total_steps=40, report_to=(), console=False) as w:
         for step in range(21, 41):
             w.write(step, {"reward": 0.2 + 0.01 * step, "kl": 0.001 * step})
-    out = subprocess.run([sys.executable, "-m", "grpo_jax.plot", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.io.plot", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "metrics.jsonl:23: skipping a line cut off mid-write" in out.stderr
@@ -78,7 +78,7 @@ def test_missing_run_dir_or_metrics_is_a_clear_error(tmp_path):
 
 
 def test_module_entry_point_reports_missing_dir_without_a_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "grpo_jax.plot", str(tmp_path / "missing")],
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.io.plot", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "error: run directory" in out.stderr and "missing" in out.stderr

@@ -6,7 +6,7 @@ import json
 import textwrap
 
 from grpo_jax import config as config_lib
-from grpo_jax import eval_command
+from grpo_jax.cli import eval as eval_command
 from grpo_jax.tasks import R1_SYSTEM, make_task
 from grpo_jax.tasks.templates import BOXED_INSTRUCTION, GSM8K_INSTRUCTION
 

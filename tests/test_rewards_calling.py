@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from grpo_jax import train
+from grpo_jax.training import train
 from grpo_jax.config import Config, TaskSection
 from grpo_jax.rewards import WeightedReward, compute_rewards, format_reward_fn, scheduled, truncation_gated
 from grpo_jax.rewards.calling import TrainerState

@@ -8,8 +8,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from grpo_jax import rollout
-from grpo_jax.tokenizer import CharTokenizer
+from grpo_jax.training import rollout
+from grpo_jax.io.tokenizer import CharTokenizer
 
 TOK = CharTokenizer("0123456789+=")
 

@@ -6,10 +6,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from grpo_jax import hf, run_context, sharding
+from grpo_jax.io import hf
+from grpo_jax.training import run_context
+from grpo_jax.distributed import sharding
 from grpo_jax import model as model_lib
 from grpo_jax.config import Config, ConfigError, GRPOSection, ModelSection, TaskSection
-from grpo_jax.tokenizer import CharTokenizer
+from grpo_jax.io.tokenizer import CharTokenizer
 
 
 def test_a_bf16_hugging_face_checkpoint_trains_on_float32_masters(tmp_path):

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from grpo_jax import config as config_lib
-from grpo_jax import run_dir as run_dir_lib
-from grpo_jax import train
-from grpo_jax.run_dir import RunDirError
+from grpo_jax.io import run_dir as run_dir_lib
+from grpo_jax.training import train
+from grpo_jax.io.run_dir import RunDirError
 from test_train import SevensTask, tiny_config
 
 
@@ -104,7 +104,7 @@ def test_config_differences_cover_task_options_and_tuples():
 
 def test_resume_after_the_final_save_keeps_the_summary_table(tmp_path, monkeypatch):
     # Before: `--resume` of a finished run rewrote summary.md as "(no held-out evaluation ran)".
-    from grpo_jax import report
+    from grpo_jax.cli import report
     from grpo_jax.config import EvalSection
 
     run = train.run

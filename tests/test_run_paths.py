@@ -8,10 +8,10 @@ import pytest
 from fake_gcs import fake_gcs
 
 from grpo_jax import config as config_lib
-from grpo_jax import run_dir as run_dir_lib
-from grpo_jax import run_paths
-from grpo_jax.metrics import MetricsWriter, read_metrics
-from grpo_jax.plot import plot_run
+from grpo_jax.io import run_dir as run_dir_lib
+from grpo_jax.io import run_paths
+from grpo_jax.io.metrics import MetricsWriter, read_metrics
+from grpo_jax.io.plot import plot_run
 
 
 def test_urls_stay_urls_and_local_paths_become_absolute(tmp_path, monkeypatch):

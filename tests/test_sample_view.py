@@ -1,11 +1,11 @@
 """Logged samples show what the model saw: the chat-rendered prompt with its special tokens, the
 completion with its stop token, the reference and the model's extracted answer, each labelled."""
 
-from grpo_jax import sample_view
-from grpo_jax.metrics import MetricsWriter
-from grpo_jax.rollout import encode_prompt
+from grpo_jax.io import sample_view
+from grpo_jax.io.metrics import MetricsWriter
+from grpo_jax.training.rollout import encode_prompt
 from grpo_jax.tasks import make_task
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax.io.tokenizer import load_tokenizer
 from hf_fixtures import make_tiny_instruct_checkpoint
 
 

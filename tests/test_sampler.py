@@ -1,4 +1,4 @@
-"""grpo_jax.sampler: cached decode against the full forward, filters, log-probs, EOS, compiles."""
+"""grpo_jax.sampling.sampler: cached decode against the full forward, filters, log-probs, EOS, compiles."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
-from grpo_jax import sampler as S
+from grpo_jax.sampling import sampler as S
 from full_forward import full_forward
 
 # One layer keeps compiles short; the cached-decode test uses two so the per-layer caches chain.
@@ -310,7 +310,7 @@ def test_prefill_rows_put_each_prompt_once_on_every_device_that_holds_its_rows()
 
 def test_threads_on_a_one_device_mesh_sample_the_same_rows_sharded(model):
     # The trainer always passes a mesh (one device on a laptop) and 2 threads on a CPU.
-    from grpo_jax import sharding
+    from grpo_jax.distributed import sharding
 
     graphdef, params = model
     mesh = sharding.make_mesh()

@@ -1,4 +1,4 @@
-"""grpo_jax.sampler on device meshes: the one-device samples, with each device decoding its own rows.
+"""grpo_jax.sampling.sampler on device meshes: the one-device samples, with each device decoding its own rows.
 
 Runs tests/sampler_sharding_check.py in a child process with 8 fake CPU devices (XLA_FLAGS must be
 set before jax starts). Equal tokens prove the math, not the split, so the compiled programs are

@@ -4,9 +4,9 @@ import numpy as np
 
 from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
-from grpo_jax import sft
-from grpo_jax.sampler import Sampler
-from grpo_jax.tokenizer import CharTokenizer
+from grpo_jax.training import sft
+from grpo_jax.sampling.sampler import Sampler
+from grpo_jax.io.tokenizer import CharTokenizer
 
 TOK = CharTokenizer("0123456789+=")
 

@@ -1,4 +1,4 @@
-"""grpo_jax.sharding: mesh arithmetic, the spec table's fallbacks, multi-host helpers, and the proof
+"""grpo_jax.distributed.sharding: mesh arithmetic, the spec table's fallbacks, multi-host helpers, and the proof
 that a sharded GRPO step computes what the one-device step computes.
 
 Multi-device checks run in child processes (XLA_FLAGS must be set before jax starts; this pytest
@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax import model as model_lib
-from grpo_jax import sharding
+from grpo_jax.distributed import sharding
 from tolerances import metric_tolerance
 
 TESTS = Path(__file__).parent

@@ -7,9 +7,10 @@ import math
 
 import jax.numpy as jnp
 
-from grpo_jax import metric_rules, plot, rollout as rollout_lib, step as step_lib, train
+from grpo_jax.training import metric_rules, rollout as rollout_lib, step as step_lib, train
+from grpo_jax.io import plot
 from grpo_jax.config import Config, OptimSection, TrainSection
-from grpo_jax.signal_watch import SignalWatch, startup_warnings
+from grpo_jax.training.signal_watch import SignalWatch, startup_warnings
 from test_train import SevensTask, tiny_config
 
 PER_TOKEN = ("entropy", "kl", "ratio/mean", "ratio/min", "ratio/max", "sampling/importance_sampling_ratio/mean",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import config as config_lib
-from grpo_jax import train
+from grpo_jax.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +63,7 @@ def test_the_python_api_logs_like_the_cli(tmp_path):
         import sys, dataclasses
         sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
         from test_train import SevensTask, tiny_config
-        from grpo_jax import train
+        from grpo_jax.training import train
         cfg = tiny_config({str(tmp_path)!r})
         train.run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=1)), task=SevensTask())
     """)

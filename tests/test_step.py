@@ -13,7 +13,7 @@ from flax import nnx
 
 from grpo_jax import config as config_lib
 from grpo_jax import model as model_lib
-from grpo_jax import step as step_lib
+from grpo_jax.training import step as step_lib
 
 
 def test_step_metrics_over_updates_worked_example():

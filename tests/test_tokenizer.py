@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from grpo_jax import chat_template as ct
-from grpo_jax import tokenizer as tk
+from grpo_jax.io import chat_template as ct
+from grpo_jax.io import tokenizer as tk
 from grpo_jax.assets import build_task_spm
 from hf_fixtures import make_tiny_instruct_checkpoint
 
@@ -244,7 +244,7 @@ def test_load_tokenizer_specs_and_errors(tmp_path, llama_style_spm):
 def test_ids_past_the_vocabulary_decode_to_nothing():
     # A model's embedding table is often padded past its tokenizer; a sampled padding row has no
     # text and must not crash the run (it is model output, not a programming error).
-    from grpo_jax.tokenizer import CharTokenizer, load_tokenizer
+    from grpo_jax.io.tokenizer import CharTokenizer, load_tokenizer
     char = CharTokenizer("0123456789+=")
     assert char.decode([1, 500, 2, char.eos_id, 3]) == "12"
     spm = load_tokenizer("builtin")

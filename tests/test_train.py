@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import phases, run_state, train
-from grpo_jax import step as step_lib
+from grpo_jax.training import phases, run_state, train
+from grpo_jax.training import step as step_lib
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
 from grpo_jax.rewards import RewardTimeoutError
@@ -116,7 +116,7 @@ _CHILD = textwrap.dedent("""
     import jax
     import numpy as np
     from test_train import SevensTask, tiny_config
-    from grpo_jax import train
+    from grpo_jax.training import train
     cfg = tiny_config({run_dir!r})
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps={steps}))
     result = train.run(cfg, resume={resume}, task=SevensTask())
@@ -224,7 +224,7 @@ def test_damaged_latest_checkpoint_falls_back_and_the_run_equals_a_straight_one(
         target.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
         resumed = train.run(tiny_config(tmp_path / "split"), resume=True, task=SevensTask())
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.checkpoint"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.io.checkpoint"]
     # (On this small model's compressible arrays, the inverted 4 KB usually breaks zstd's framing and
     # tensorstore's read fails; tests/test_checkpoint.py inverts raw-stored bytes, which only the
     # fingerprint catches.)
@@ -252,10 +252,10 @@ def test_a_reward_of_1e30_warns_that_every_advantage_is_zero(tmp_path, caplog):
 
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0))
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.diagnostics"):
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.training.diagnostics"):
         result = train.run(cfg, task=HugeSevens())
     assert result.history[0]["advantages/max"] == result.history[0]["advantages/min"] == 0.0
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.diagnostics"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "grpo_jax.training.diagnostics"]
     assert warning.startswith("[step 1] advantages_all_zero: every advantage is 0 although")
 
 
@@ -282,7 +282,7 @@ def test_every_grpo_option_runs_and_reports(tmp_path):
         assert np.isfinite(row["dynamic_sampling/sampled_reward"])
     for key in ("loss", "kl", "grad_norm", "clip_ratio/high_mean", "advantages/std"):
         assert np.isfinite(last[key]), key
-    from grpo_jax import hf
+    from grpo_jax.io import hf
     exported = hf.load_model(str(tmp_path / "hf"))
     assert exported.config.num_layers == 2
 
@@ -413,7 +413,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run_with_finite_checkpoint
     assert [r["skipped_updates"] for r in rows] == [2.0, 2.0, 2.0]  # both minibatch updates, each step
     steps = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
     assert steps and steps[-1] == 3
-    from grpo_jax.checkpoint import CheckpointManager
+    from grpo_jax.io.checkpoint import CheckpointManager
     ctx, fresh = train.run_context.build(cfg, task=SevensTask())
     ckpt = CheckpointManager(tmp_path / "checkpoints")
     restored = run_state.initial_state(ctx, fresh, ckpt, resume=True)
@@ -426,7 +426,7 @@ def test_no_checkpoint_is_written_from_non_finite_params(tmp_path):
     cfg = tiny_config(tmp_path)
     ctx, fresh = train.run_context.build(cfg, task=SevensTask())
     bad = dataclasses.replace(fresh, step=1, params=jax.tree.map(lambda x: x * np.nan, fresh.params))
-    from grpo_jax.checkpoint import CheckpointManager
+    from grpo_jax.io.checkpoint import CheckpointManager
     ckpt = CheckpointManager(tmp_path / "checkpoints")
     with pytest.raises(run_state.NonFiniteStateError, match="step 1: params or optimizer state are not finite"):
         run_state.save(ctx, ckpt, bad)

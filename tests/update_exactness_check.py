@@ -35,11 +35,11 @@ from compiled_programs import per_device_parameter_shapes  # noqa: E402
 from flax import nnx  # noqa: E402
 from tolerances import GRAD_REL_ERR, normwise_violation  # noqa: E402
 
-from grpo_jax import config as config_lib  # noqa: E402
-from grpo_jax import losses  # noqa: E402
-from grpo_jax import model as model_lib  # noqa: E402
-from grpo_jax import sharding  # noqa: E402
-from grpo_jax import step as step_lib  # noqa: E402
+from grpo_jax import config as config_lib
+from grpo_jax.core import losses
+from grpo_jax import model as model_lib
+from grpo_jax.distributed import sharding
+from grpo_jax.training import step as step_lib
 
 MODEL = model_lib.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=1,
                               num_heads=4, num_kv_heads=2, head_dim=8)

@@ -2,7 +2,7 @@
 
 import sys
 
-from grpo_jax import train
+from grpo_jax.training import train
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TaskSection, TrainSection)
 

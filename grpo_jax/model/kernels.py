@@ -16,7 +16,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
-# The mesh axes that split batch rows (grpo_jax.sharding.BATCH_AXES; repeated here so the model
+# The mesh axes that split batch rows (grpo_jax.distributed.sharding.BATCH_AXES; repeated here so the model
 # does not import the trainer's sharding module).
 _ROW_AXES = ("data", "fsdp")
 

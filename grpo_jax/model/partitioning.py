@@ -31,7 +31,7 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
 
 
 # The leading dimensions of each matrix that are its inputs (the rest are outputs): q_proj
-# [D, N, H] maps D to N x H, o_proj [N, H, D] maps N x H to D. LoRA adapters (grpo_jax.lora) are
+# [D, N, H] maps D to N x H, o_proj [N, H, D] maps N x H to D. LoRA adapters (grpo_jax.model.lora) are
 # A [inputs, r] and B [r, outputs] and take their shardings from these.
 IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
 

@@ -7,7 +7,7 @@ different check than the one you train on).
 A prompt is text, or a list of messages in TRL's conversational format (`[{"role": "system" |
 "user" | "assistant", "content": str}, ...]`, ending with the user's turn), which the trainer
 renders with the tokenizer's chat template and the generation prompt
-(`grpo_jax.rollout.encode_prompt`). Reward functions and checkers get the prompts as the trainer
+(`grpo_jax.training.rollout.encode_prompt`). Reward functions and checkers get the prompts as the trainer
 passes them; the built-in ones never read them, so either form works with them.
 
 Randomness is derived from hashes of (task name, seed, index), never from global state, so

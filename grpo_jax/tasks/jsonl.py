@@ -445,7 +445,7 @@ class JsonlTask:
         """Tokenises every training and held-out prompt once; acts on those over `max_tokens`.
 
         count_tokens: a prompt (text, or a list of messages) -> its number of tokens as the sampler
-          will see it, e.g. `lambda p: len(grpo_jax.rollout.encode_prompt(tokenizer, p))`.
+          will see it, e.g. `lambda p: len(grpo_jax.training.rollout.encode_prompt(tokenizer, p))`.
         max_tokens: the longest prompt the sampler takes (its largest prompt bucket).
         on_overlong: "skip" drops over-long examples from both splits (one warning with the count
           and the first few file:line locations); "error" raises a ValueError naming the first

@@ -1,0 +1,209 @@
+"""LoRA adapters as an explicit pytree beside the frozen base weights (`model.lora_r > 0`).
+
+For each targeted weight W (HF module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+down_proj) the adapters hold A [in, r] and B [r, out], with in / out W's input and output
+dimensions flattened (q_proj [D, N, H]: in = D, out = N * H; o_proj [N, H, D]: in = N * H,
+out = D). The policy is the base with every targeted weight replaced by
+
+    W' = W + (alpha / r) * (A @ B).reshape(W.shape)            (`merge`)
+
+B starts at 0, so W' == W bit for bit and step 0 is the base model. The trainer differentiates
+through `merge` with respect to the adapters only; the reference policy is the base itself (no
+second copy of the weights), and the sampler decodes from a merged copy made once per rollout.
+
+Why merged weights and not an on-the-fly x @ A @ B in the model (qwix's LoRA, peft's): the model's
+kernels fuse q/k/v and gate/up into one matmul and run a shared-prompt layout, and the merge keeps
+every one of them unchanged; `benchmarks/bench_lora.py` measures both ways for the sampler. What it
+costs: no dropout on the adapter path (`lora_dropout` must be 0), and one transient merged copy of
+the targeted weights per forward pass.
+
+Adapters tree: nested dicts mirroring the params' paths with string keys,
+{"layers": {"0": {"attn": {"q_proj": {"lora_a": A, "lora_b": B}}}}}; `peft_state_dict` gives
+peft's names for export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.model.partitioning import IN_DIMS
+
+PRESETS = {
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+# The HF module each targeted weight belongs to (peft's key names).
+HF_MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+             "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """What the trainer needs to know of a LoRA run: rank, scale alpha / r, the targeted weight
+    names, and the dtype merged weights are computed in (the model's compute dtype)."""
+
+    rank: int
+    scale: float
+    targets: tuple[str, ...]
+    merge_dtype: Any = jnp.float32
+
+    @classmethod
+    def from_model_section(cls, m) -> "LoraSpec | None":
+        """From `config.model` (None when lora_r = 0)."""
+        if not m.lora_r:
+            return None
+        dtype = jnp.bfloat16 if m.dtype == "bfloat16" else jnp.float32
+        return cls(rank=m.lora_r, scale=m.lora_alpha / m.lora_r, targets=resolve_targets(m.lora_target_modules),
+                   merge_dtype=dtype)
+
+    def model_params(self, adapters: dict, base):
+        """The policy's full params: `merge(base, adapters)`."""
+        return merge(base, adapters, self.scale, self.merge_dtype)
+
+
+def resolve_targets(names: Iterable[str]) -> tuple[str, ...]:
+    """Weight names from `model.lora_target_modules`: presets expanded, order kept, no repeats."""
+    out: list[str] = []
+    for name in names:
+        for weight in PRESETS.get(name, (name,)):
+            if weight not in IN_DIMS:
+                raise ValueError(f"unknown LoRA target {weight!r}; choose from {sorted(IN_DIMS)} or a preset "
+                                 f"{sorted(PRESETS)}")
+            if weight not in out:
+                out.append(weight)
+    return tuple(out)
+
+
+def _names(path) -> tuple[str, ...]:
+    """('layers', 0, 'attn', 'q_proj', .value) -> ('layers', '0', 'attn', 'q_proj')."""
+    return tuple(str(getattr(k, "key", getattr(k, "idx", None))) for k in path if not hasattr(k, "name"))
+
+
+def _split(shape: tuple[int, ...], weight: str) -> tuple[int, int]:
+    k = IN_DIMS[weight]
+    return math.prod(shape[:k]), math.prod(shape[k:])
+
+
+def targeted(params, targets: Iterable[str]) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """(path names, shape) of every weight of `params` that gets an adapter, in tree order."""
+    targets = set(targets)
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        names = _names(path)
+        if names and names[-1] in targets:
+            found.append((names, tuple(np.shape(leaf))))
+    return found
+
+
+def _nest(items: list[tuple[tuple[str, ...], Any]]) -> dict:
+    root: dict = {}
+    for names, value in items:
+        node = root
+        for name in names[:-1]:
+            node = node.setdefault(name, {})
+        node[names[-1]] = value
+    return root
+
+
+def _lookup(tree: dict, names: tuple[str, ...]):
+    node = tree
+    for name in names:
+        if not isinstance(node, dict) or name not in node:
+            return None
+        node = node[name]
+    return node
+
+
+def init_adapters(params, targets: Iterable[str], rank: int, key: jax.Array, init: str = "kaiming") -> dict:
+    """Fresh adapters for `params` (float32): B = 0, and A as peft initialises it:
+    "kaiming" U(-1/sqrt(in), 1/sqrt(in)) (peft's default, kaiming-uniform with a = sqrt(5)),
+    "gaussian" N(0, 1/r). Each A draws from fold_in(key, its index in tree order)."""
+    items = []
+    for i, (names, shape) in enumerate(targeted(params, targets)):
+        n_in, n_out = _split(shape, names[-1])
+        k = jax.random.fold_in(key, i)
+        if init == "kaiming":
+            bound = 1.0 / math.sqrt(n_in)
+            a = jax.random.uniform(k, (n_in, rank), jnp.float32, -bound, bound)
+        elif init == "gaussian":
+            a = jax.random.normal(k, (n_in, rank), jnp.float32) / rank
+        else:
+            raise ValueError(f"LoRA init must be 'kaiming' or 'gaussian', got {init!r}")
+        items.append((names, {"lora_a": a, "lora_b": jnp.zeros((rank, n_out), jnp.float32)}))
+    if not items:
+        raise ValueError(f"no weight of the model matches the LoRA targets {tuple(targets)}")
+    return _nest(items)
+
+
+def merge(base, adapters: dict, scale: float, dtype=None):
+    """The base params with W + scale * A @ B in every targeted weight (cast to `dtype`, default
+    the weight's own); untargeted weights are passed through. Pure; differentiable in `adapters`.
+    With B == 0 every weight is returned bit-equal (w + 0.0 == w)."""
+
+    def one(path, w):
+        pair = _lookup(adapters, _names(path))
+        if pair is None:
+            return w
+        delta = jnp.dot(pair["lora_a"].astype(jnp.float32), pair["lora_b"].astype(jnp.float32))
+        merged = w.astype(jnp.float32) + scale * delta.reshape(w.shape)
+        return merged.astype(dtype or w.dtype)
+
+    return jax.tree_util.tree_map_with_path(one, base)
+
+
+def count(tree) -> int:
+    """Number of values in a tree of arrays (or ShapeDtypeStructs)."""
+    return sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree))
+
+
+def peft_state_dict(adapters: dict, prefix: str = "base_model.model.model.") -> dict[str, np.ndarray]:
+    """The adapters under peft's names and layouts (torch's Linear: weight [out, in]):
+    `{prefix}layers.{i}.self_attn.q_proj.lora_A.weight` = A.T [r, in] and `...lora_B.weight` =
+    B.T [out, r]; W'_hf = W_hf + (alpha / r) * lora_B @ lora_A, as peft computes it."""
+    out = {}
+    for names, pair in _flatten_pairs(adapters):
+        _, layer, _, weight = names
+        stem = f"{prefix}layers.{layer}.{HF_MODULE[weight]}.{weight}"
+        out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(np.asarray(pair["lora_a"], np.float32).T)
+        out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(np.asarray(pair["lora_b"], np.float32).T)
+    return out
+
+
+def _flatten_pairs(adapters: dict, names: tuple[str, ...] = ()):
+    if "lora_a" in adapters:
+        yield names, adapters
+        return
+    for key, child in adapters.items():
+        yield from _flatten_pairs(child, names + (key,))
+
+
+def save_peft(adapters: dict, path, *, spec: LoraSpec, alpha: float, base_model: str | None) -> None:
+    """A peft adapter directory: adapter_config.json and adapter_model.safetensors (peft's names,
+    `peft_state_dict`), loadable with `PeftModel.from_pretrained(base, path)`. `base_model`: what
+    the adapters apply to (peft's base_model_name_or_path)."""
+    import json
+    import os
+    import pathlib
+
+    from safetensors.numpy import save_file
+
+    from grpo_jax.io import hf
+
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": spec.rank, "lora_alpha": alpha, "lora_dropout": 0.0, "target_modules": sorted(spec.targets),
+        "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
+        "use_rslora": False, "use_dora": False, "modules_to_save": None,
+    }
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = path / "adapter_model.safetensors"
+    save_file(peft_state_dict(adapters), str(weights), metadata={"format": "pt"})
+    os.chmod(weights, 0o666 & ~hf._umask())  # safetensors writes 0600 (see hf.save_model)

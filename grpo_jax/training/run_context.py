@@ -1,0 +1,481 @@
+"""What a run is built from, once: tokenizer, task, mesh, model, sampler, optimizer, jitted step
+functions. `build(config)` returns a `RunContext`; nothing in it changes while the run goes on
+(what does change - step, data position, params, optimizer state, reference - is `RunState`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import config as config_lib
+from grpo_jax.core import entropy_control
+from grpo_jax.training import length_buckets
+from grpo_jax.model import lora as lora_lib
+from grpo_jax import model as model_lib
+from grpo_jax.model import remat as remat_lib
+from grpo_jax.training import optim
+from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.io import run_paths
+from grpo_jax.distributed import sharding
+from grpo_jax.training import step as step_lib
+from grpo_jax.training import teacher as teacher_lib
+from grpo_jax.io.chat_template_bounds import RenderLimits
+from grpo_jax.distributed.processes import Processes
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig
+from grpo_jax.rewards import calling
+from grpo_jax.tasks import make_task
+from grpo_jax.tasks.user_rewards import with_reward_funcs
+from grpo_jax.io.tokenizer import load_tokenizer
+
+log = logging.getLogger("grpo_jax")
+
+# Powers of two from 8: short built-in prompts ("07+45=") are not padded to 16, which would double
+# the update's sequence length; a few buckets keep recompiles to the first steps.
+PROMPT_BUCKETS = tuple(8 << i for i in range(12))
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a step changes; a checkpoint holds exactly this (plus the config)."""
+
+    step: int  # GRPO steps done
+    data_position: int  # training examples drawn so far (every round of dynamic sampling counts)
+    params: Any  # the policy, training layout
+    opt_state: Any  # Optax state, laid out like the params
+    ref_params: Any | None  # the frozen reference (None when grpo.beta == 0)
+    # Asynchronous rollouts (train.max_staleness = k): the k params snapshots the next k steps'
+    # rollouts sample from, slot j for step `step + 1 + j` (grpo_jax.training.async_rollouts); () otherwise.
+    rollout_params: tuple = ()
+    # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
+    # into, which is also the reference. None otherwise.
+    base_params: Any | None = None
+    # The diagnostics' window restored from a checkpoint (`Diagnostics.state_dict`), else None.
+    diagnostics: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlacement:
+    """Where asynchronous rollouts run: on the trainer's devices from a second host thread
+    (`split` False), or on a mesh of their own (`mesh.rollout_devices`). `to_sampler(params)` is
+    the sampler's copy of the policy: a device copy (the update donates the params it read) or a
+    reshard onto the sampler's devices (the weight sync)."""
+
+    sampler: Sampler
+    mesh: jax.sharding.Mesh
+    split: bool
+    param_shardings: Any  # of the sampler's copy
+
+    def to_sampler(self, params):
+        if self.split:
+            return jax.device_put(params, self.param_shardings)
+        return step_lib.frozen_copy(params, jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    config: config_lib.Config
+    run_dir: Any  # etils.epath.Path: a local directory or object storage (gs://...)
+    tokenizer: Any
+    task: Any
+    mesh: jax.sharding.Mesh
+    processes: Processes
+    model_config: model_lib.ModelConfig
+    graphdef: Any
+    sampler: Sampler
+    rollout_sampling: SamplingConfig
+    tx: Any  # optax.GradientTransformation
+    schedule: Any  # optax.Schedule, per optimizer update
+    update_fn: Any  # step.make_update_fn, sharded for the mesh
+    logprob_fn: Any  # step.make_logprob_fn, rows over the mesh
+    bucketing: Any  # length_buckets.Bucketing, or None (grpo.bucket_by_length="off")
+    base_key: jax.Array
+    eval_examples: list[dict]
+    pool: Any  # rewards.VerifierPool or None
+    rollout: RolloutPlacement | None = None  # train.max_staleness > 0
+    lora: lora_lib.LoraSpec | None = None  # model.lora_r > 0
+    merge_fn: Any = None  # LoRA: jitted (adapters, base) -> full params, training layout
+    # On-policy distillation (grpo.teacher_model_name_or_path): the frozen teacher (grpo_jax.training.teacher),
+    # here and not in RunState: never trained, never checkpointed, read from its path again on resume.
+    teacher: Any = None
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.grpo.beta > 0
+
+    def policy_params(self, state: RunState):
+        """The policy's full params (for the sampler, evaluation, pi_old passes and export): what
+        trains, or under LoRA the base with the adapters merged in."""
+        return state.params if self.lora is None else self.merge_fn(state.params, state.base_params)
+
+    def reference_params(self, state: RunState):
+        """The reference policy's params: the frozen copy, or under LoRA the base itself."""
+        return state.ref_params if self.lora is None else state.base_params
+
+    @property
+    def ref_dtype(self):
+        return jnp.bfloat16 if self.config.grpo.ref_dtype == "bfloat16" else jnp.float32
+
+    @property
+    def updates_per_step(self) -> int:
+        g = self.config.grpo
+        return g.num_iterations * g.num_minibatches
+
+    def step_key(self, step: int) -> jax.Array:
+        return jax.random.fold_in(self.base_key, step)
+
+
+def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.ModelConfig, Any, Any]:
+    """(model config, graphdef, params): a Hugging Face checkpoint or a fresh init, sharded on `mesh`.
+
+    Float32 master weights always (`model.param_dtype`; config validation refuses bfloat16 masters),
+    whatever `model.dtype` computes in. A fresh model is initialised through `jax.eval_shape` +
+    `jax.jit(out_shardings=...)`, so it is never built whole on one device.
+    """
+    m = config.model
+    if m.hf_path:
+        from flax import nnx
+
+        from grpo_jax.io import hf
+
+        try:
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                                  attention_impl=m.attention_impl)
+        except FileNotFoundError as e:
+            raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
+        check_vocab(model.config.vocab_size, tokenizer, f"model.hf_path={m.hf_path!r}'s config.json", m)
+        log_attention(model.config)
+        graphdef, params = nnx.split(model)
+        return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
+    vocab = m.vocab_size or tokenizer.vocab_size
+    check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
+    model_config = model_config_from_section(m, vocab)
+    log_attention(model_config)
+    graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
+    return model_config, graphdef, params
+
+
+def log_attention(model_config: model_lib.ModelConfig) -> None:
+    """The attention kernel this backend runs and the remat policy, once at start-up."""
+    from grpo_jax.model import attention
+    from grpo_jax.model.config import DTYPES
+
+    c = model_config
+    windows = "" if c.layer_types is None else (
+        f"; sliding window {c.sliding_window} in {c.layer_types.count('sliding_attention')} of {c.num_layers} layers")
+    log.info("%s; remat=%s%s", attention.describe(c.attention_impl, dtype=DTYPES[c.dtype],
+                                                   head_dim=c.head_dim), c.remat_policy, windows)
+
+
+def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_lib.ModelConfig:
+    """The ModelConfig of a fresh model from the `model.*` shape fields (no `hf_path`), with
+    `vocab` rows of embedding (`model.vocab_size`, else the tokenizer's); `check` uses it too."""
+    return model_lib.ModelConfig(
+        vocab_size=vocab,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.rms_norm_eps,
+        tie_embeddings=m.tie_embeddings,
+        qkv_bias=m.qkv_bias,
+        qk_norm=m.qk_norm,
+        param_dtype=m.param_dtype,
+        dtype=m.dtype,
+        remat=m.remat,
+        attention_impl=m.attention_impl,
+    )
+
+
+def check_vocab(model_vocab: int, tokenizer, where: str, m: config_lib.ModelSection) -> None:
+    """At start-up, not at the first evaluation inside the sampler: every id the tokenizer can
+    produce (its vocabulary, its stop and pad ids) must be a row of the model's embedding."""
+    ids = [tokenizer.vocab_size - 1, tokenizer.pad_id, *(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))]
+    if max(ids) >= model_vocab:
+        raise config_lib.ConfigError(
+            f"the tokenizer ({m.tokenizer_spec()}) has ids up to {max(ids)} but the model has {model_vocab} "
+            f"({where}); use the checkpoint's own tokenizer or a model.vocab_size >= {max(ids) + 1}"
+        )
+
+
+def auto_sampler_threads() -> int:
+    """2 on a one-device CPU backend with >= 2 cores, else 1: XLA runs one decode loop on one core,
+    and two half batches decoded from two threads run side by side (benchmarks/NOTES.md).
+    Accelerators and multi-device meshes keep one stream."""
+    one_cpu_device = jax.default_backend() == "cpu" and jax.device_count() == 1
+    return 2 if one_cpu_device and (os.cpu_count() or 1) >= 2 else 1
+
+
+def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, mesh) -> Sampler:
+    """The trainer's (and `eval`'s) sampler: every stop id of the tokenizer, rows over the mesh."""
+    return Sampler(
+        graphdef,
+        model_config,
+        eos_id=tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)),
+        pad_id=tokenizer.pad_id,
+        prompt_buckets=PROMPT_BUCKETS,
+        mesh=mesh,
+        threads=config.sampling.threads or auto_sampler_threads(),
+        engine=config.sampling.resolved_engine(),
+        decode_slots=config.sampling.decode_slots,
+        refill_every=config.sampling.refill_every,
+    )
+
+
+def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
+    """Row counts that must split over the devices (and processes), as ConfigErrors naming the fields."""
+    g = config.grpo
+    multiple = sharding.batch_size_multiple(mesh)
+    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
+    if rows_per_micro % multiple:
+        raise config_lib.ConfigError(
+            f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
+            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
+            f"{multiple} devices"
+        )
+    n_proc = jax.process_count()
+    if n_proc == 1:
+        return
+    if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
+            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
+        )
+    if config.sft.steps > 0 and config.sft.batch_size % multiple:
+        raise config_lib.ConfigError(
+            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp = {multiple} devices "
+            "on several processes (each process feeds its devices' rows)"
+        )
+
+
+def configured_tokenizer(config: config_lib.Config):
+    """`model.tokenizer`, or the checkpoint's own (`model.hf_path`) when it is not set; a bad spec
+    or a missing path is a ConfigError naming the field."""
+    spec = config.model.tokenizer_spec()
+    try:
+        tokenizer = load_tokenizer(spec)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        field = "model.tokenizer" if config.model.tokenizer else "model.hf_path (its tokenizer)"
+        raise config_lib.ConfigError(f"{field}={spec!r}: {e}") from None
+    tokenizer.chat_template_limits = RenderLimits(max_seconds=config.model.chat_template_max_seconds,
+                                                  max_chars=config.model.chat_template_max_chars)
+    return tokenizer
+
+
+def configured_task(config: config_lib.Config):
+    """The configured task; unknown names or options, and unreadable data, are ConfigErrors."""
+    try:
+        task = make_task(config.task.name, **config.task.options)
+    except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+        raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
+    return with_configured_rewards(config, task)
+
+
+def with_configured_rewards(config: config_lib.Config, task):
+    """`task` with `task.reward_funcs` (import paths) in place of its own reward functions, if set."""
+    if not config.task.reward_funcs:
+        if config.task.reward_weights:
+            raise config_lib.ConfigError(f"task.reward_weights={list(config.task.reward_weights)} without "
+                                         "task.reward_funcs: the weights are for your own functions; set both")
+        return task
+    try:
+        return with_reward_funcs(task, config.task.reward_funcs, config.task.reward_weights)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"task.reward_funcs={list(config.task.reward_funcs)}: {e}") from None
+
+
+def split_devices(config: config_lib.Config, devices: list | None = None) -> tuple[list, list]:
+    """(the trainer's devices, the sampler's) of `devices` (default: all): the last
+    `mesh.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
+    not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
+    and `check` both call this, so they refuse the same configs with the same words)."""
+    devices = list(jax.devices() if devices is None else devices)
+    r, g, staleness = config.mesh.rollout_devices, config.grpo, config.train.max_staleness
+    if r and r >= len(devices):
+        raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
+                                     f"{jax.default_backend()} devices)")
+    if staleness and jax.process_count() > 1:
+        raise config_lib.ConfigError(
+            f"train.max_staleness={staleness} runs in one process; this run has "
+            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
+    rows = g.prompts_per_step * g.num_generations
+    if r and rows % r:
+        raise config_lib.ConfigError(
+            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
+            f"mesh.rollout_devices={r}")
+    return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
+
+
+def configured_mesh(config: config_lib.Config, devices: list | None = None):
+    """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
+    all, unless `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
+    m = config.mesh
+    devices, _ = split_devices(config, devices)
+    try:
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    except ValueError as e:
+        where = " left for training by mesh.rollout_devices" if m.rollout_devices else ""
+        raise config_lib.ConfigError(f"{e} ({len(devices)} {jax.default_backend()} devices{where})") from None
+    log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
+             jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
+             mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
+    return mesh
+
+
+def rollout_placement(config: config_lib.Config, graphdef, model_config, tokenizer, mesh, sampler,
+                      params) -> RolloutPlacement | None:
+    """Asynchronous rollouts' sampler and devices (None when train.max_staleness = 0). One process
+    only: the rollout thread's gathers would interleave with the trainer's across processes."""
+    if config.train.max_staleness == 0:
+        return None
+    _, rollout_devices = split_devices(config)  # its refusals ran in configured_mesh already
+    if not rollout_devices:
+        return RolloutPlacement(sampler=sampler, mesh=mesh, split=False,
+                                param_shardings=sharding.param_shardings(mesh, params))
+    # The sampler's mesh: rows over its devices, each holding the whole weights (as a data-parallel
+    # inference server does).
+    rollout_mesh = sharding.make_mesh(len(rollout_devices), 1, 1, devices=rollout_devices)
+    return RolloutPlacement(sampler=build_sampler(config, graphdef, model_config, tokenizer, rollout_mesh),
+                            mesh=rollout_mesh, split=True,
+                            param_shardings=sharding.param_shardings(rollout_mesh, params))
+
+
+def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
+                   lora=None, frozen=None, model_config=None):
+    """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
+    prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
+    passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). With `lora`,
+    `params` are the adapters, `frozen` the base, and the update takes the base last. `model_config`:
+    for the compiler options its remat policy needs (`model.remat.backward_compiler_options`)."""
+    options = remat_lib.backward_compiler_options(model_config)
+    rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
+    update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
+    update_fn = sharding.shard_update_fn(
+        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora), mesh, params,
+        opt_state, frozen=frozen, compiler_options=options,
+    )
+    model_params = params if frozen is None else frozen
+    logprob_fn = step_lib.make_logprob_fn(
+        graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
+        row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
+    # The teacher's pass runs over whole rows, not length buckets (config validation refuses "on"); the
+    # adaptive entropy controller lives in opt_state, which only the unbucketed update reads.
+    bucket_mode = "off" if g_cfg.teacher_model_name_or_path or g_cfg.use_adaptive_entropy else g_cfg.bucket_by_length
+    bucketing = length_buckets.make_bucketing(
+        bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
+        update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
+        compiler_options=options,
+    )
+    return update_fn, logprob_fn, bucketing
+
+
+def lora_base_dtype(config: config_lib.Config, mesh, base):
+    """LoRA's frozen base in `model.lora_base_dtype` (float32 leaves it as it is)."""
+    if config.model.lora_base_dtype != "bfloat16":
+        return base
+    return sharding.put_sharded(step_lib.as_dtype(base, jnp.bfloat16), sharding.param_shardings(mesh, base))
+
+
+def lora_state(config: config_lib.Config, mesh, base) -> tuple[lora_lib.LoraSpec, Any, Any, Any]:
+    """LoRA's (spec, adapters, base, merge_fn): fresh adapters (B = 0) in their training layout,
+    the base cast to `model.lora_base_dtype`, and the jitted merge into the base's layout."""
+    m = config.model
+    spec = lora_lib.LoraSpec.from_model_section(m)
+    if config.sft.steps == 0:  # (after an SFT warm-up instead, which trains float32 weights: run_state)
+        base = lora_base_dtype(config, mesh, base)
+    # Born in their shardings from the base's shapes alone (one jitted init: no host copy, and every
+    # process of a multi-process mesh computes only its own shards).
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
+
+    def init():
+        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), m.lora_init)
+
+    adapters = jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init)))()
+    merged_layout = sharding.param_shardings(mesh, base)
+    merge_fn = sharding.MeshJit(jax.jit(spec.model_params, out_shardings=merged_layout), mesh)
+    return spec, adapters, base, merge_fn
+
+
+def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
+    """(every fixed part of a run, its freshly initialised state) from `config`; `task` and
+    `tokenizer` replace the configured ones."""
+    t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
+    tokenizer = tokenizer or configured_tokenizer(config)
+    task = with_configured_rewards(config, task) if task is not None else configured_task(config)
+    # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
+    # skipped (or refused, naming file and line) before it can stop the run at the same step on
+    # every resume. Counted as the rollout encodes prompts.
+    check_lengths = getattr(task, "check_prompt_lengths", None)
+    if check_lengths is not None:
+        try:
+            check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
+                          config.task.overlong_prompts)
+        except ValueError as e:  # the data's own problem, named with file and line: exit 2, one line
+            text = str(e).replace("(on_overlong='skip')", "(task.overlong_prompts=skip)")
+            raise config_lib.ConfigError(f"task.overlong_prompts={config.task.overlong_prompts}: {text}") from None
+    # A reward function whose signature cannot take the trainer's call stops the run here, not at step 1.
+    try:
+        calling.check_signatures(task.reward_fns(), [k for k in task.train_example(0) if k != "prompt"])
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
+    mesh = configured_mesh(config)
+    check_batch_fits_mesh(config, mesh)
+    model_config, graphdef, params = build_model(config, tokenizer, mesh)
+    sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
+    teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
+    # What trains: every weight, or (LoRA) adapters over a frozen base.
+    spec = base = merge_fn = None
+    if config.model.lora_r:
+        spec, params, base, merge_fn = lora_state(config, mesh, params)
+    tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
+    tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
+    opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
+    update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
+                                                      params=params, opt_state=opt_state, lora=spec, frozen=base,
+                                                      model_config=model_config)
+    pool = None
+    if t_cfg.verifier_workers > 0:
+        from grpo_jax.rewards import VerifierPool
+
+        pool = VerifierPool(t_cfg.verifier_workers)
+    context = RunContext(
+        config=config,
+        run_dir=run_paths.as_path(t_cfg.run_dir),
+        tokenizer=tokenizer,
+        task=task,
+        mesh=mesh,
+        processes=Processes(mesh),
+        model_config=model_config,
+        graphdef=graphdef,
+        sampler=sampler,
+        rollout_sampling=SamplingConfig(
+            max_new_tokens=s_cfg.max_new_tokens,
+            temperature=s_cfg.temperature,
+            top_k=s_cfg.top_k,
+            top_p=s_cfg.top_p,
+            ignore_eos=s_cfg.ignore_eos,
+        ),
+        tx=tx,
+        schedule=schedule,
+        update_fn=update_fn,
+        logprob_fn=logprob_fn,
+        bucketing=bucketing,
+        base_key=jax.random.PRNGKey(t_cfg.seed),
+        eval_examples=task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else [],
+        pool=pool,
+        rollout=rollout_placement(config, graphdef, model_config, tokenizer, mesh, sampler,
+                                  params if base is None else base),
+        lora=spec,
+        merge_fn=merge_fn,
+        teacher=teacher,
+    )
+    return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None,
+                             base_params=base)
