@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
+from grpo_jax.sampling import ops, static
 from grpo_jax.sampling import sampler as S
 from full_forward import full_forward
 
@@ -62,9 +63,9 @@ def test_cached_decode_reproduces_full_forward_logits_step_by_step():
     for i, prompt in enumerate(PROMPTS):
         tokens[i, p - len(prompt):], mask[i, p - len(prompt):] = prompt, 1
     forced = np.array([[3, 14, 27, 1, 6]] * 2 + [[20, 20, 5, 9, 2]] * 2, np.int32)  # B = 4 rows
-    state = jax.jit(lambda pr, t, m: S.prefill(graphdef, pr, t, m, num_samples=g, max_new_tokens=c))(
+    state = jax.jit(lambda pr, t, m: static.prefill(graphdef, pr, t, m, num_samples=g, max_new_tokens=c))(
         params, tokens, mask)
-    step = jax.jit(lambda pr, caches, km, tok, pos, w: S.decode_step(graphdef, pr, caches, km, tok, pos, w))
+    step = jax.jit(lambda pr, caches, km, tok, pos, w: ops.decode_step(graphdef, pr, caches, km, tok, pos, w))
     cached = [np.asarray(state.logits_BxV)]
     caches, positions = state.caches, state.positions_B
     for i in range(c - 1):
@@ -148,9 +149,9 @@ def test_top_k_and_top_p_never_sample_outside_their_sets(model, sampler):
 def test_filter_logits_worked_example():
     # probs 0.5, 0.25, 0.125, 0.125: top_p 0.7 keeps the first two (0.5 < 0.7, 0.75 >= 0.7).
     logits = jnp.log(jnp.array([[0.125, 0.5, 0.125, 0.25]]))
-    kept = np.isfinite(np.asarray(S.filter_logits(logits, top_k=0, top_p=0.7)))
+    kept = np.isfinite(np.asarray(ops.filter_logits(logits, top_k=0, top_p=0.7)))
     np.testing.assert_array_equal(kept, [[False, True, False, True]])
-    kept = np.isfinite(np.asarray(S.filter_logits(logits, top_k=1, top_p=1.0)))
+    kept = np.isfinite(np.asarray(ops.filter_logits(logits, top_k=1, top_p=1.0)))
     np.testing.assert_array_equal(kept, [[False, True, False, False]])
 
 
