@@ -329,3 +329,26 @@ def test_threads_on_a_one_device_mesh_sample_the_same_rows_sharded(model):
     # The same per-row arithmetic, its matmuls blocked for 6 rows instead of 12: a few float32 ulps
     # of log-probs below 10 in size (ulp(8) = 1e-6).
     np.testing.assert_allclose(np.asarray(out.logprobs_BxC), np.asarray(plain.logprobs_BxC), atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_lower_abstract_lowers_the_programs_a_real_call_runs(model, engine):
+    # `check` compiles the sampler from shapes alone (no params in memory): lowering from
+    # ShapeDtypeStructs that carry the decode layout must give the very programs that a call with
+    # real params and prompts of that bucket runs (same module text: same shapes, layouts, ops).
+    from grpo_jax.distributed import sharding
+    from grpo_jax.model.config import DTYPES
+
+    graphdef, params = model
+    mesh = sharding.make_mesh()
+    sampling = S.SamplingConfig(max_new_tokens=4)
+    real = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, engine=engine)
+    lowered = real.lower(params, [[3, 4, 5], [6, 7]], num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(0))
+    decode_params = sharding.decode_params(mesh, params, dtype=DTYPES[CONFIG.dtype])
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), decode_params)
+    abstract = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, engine=engine)
+    from_shapes = abstract.lower_abstract(shapes, prompt_len=16, num_prompts=2, num_samples=2, sampling=sampling)
+    for name, a, b in zip(("prefill", "decode"), lowered, from_shapes):
+        assert a.as_text() == b.as_text(), name
+    with pytest.raises(ValueError, match=r"prompt_len=10 is not one of the prompt buckets"):
+        abstract.lower_abstract(shapes, prompt_len=10, num_prompts=2, num_samples=2, sampling=sampling)
