@@ -44,8 +44,9 @@ from grpo_jax.sampling.engine import SampleOutput, SamplingConfig
 def _decode_compiler_options() -> dict | None:
     """XLA options for the decode loop. On a CPU: no YNNPACK fusions. Decode multiplies a few rows
     by each weight matrix, and the YNNPACK kernels (fast for the update's large matmuls) spend
-    more on each call's setup than on the arithmetic there (W1's rollout: benchmarks/NOTES.md). The option is experimental: a jaxlib that does not know it gets None
-    (checked once on a tiny program) instead of a decode that fails to compile."""
+    more on each call's setup than on the arithmetic there (W1's rollout: benchmarks/NOTES.md).
+    The option is experimental: a jaxlib that does not know it gets None (checked once on a tiny
+    program) instead of a decode that fails to compile."""
     if jax.default_backend() != "cpu":
         return None
     options = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -114,7 +115,8 @@ def _check_prompts(prompts, num_samples, vocab_size: int) -> None:
 
 
 class Sampler:
-    """Samples G completions per prompt. Holds only static fields and its compiled functions."""
+    """Samples G completions per prompt: the built-in `engine.SamplingEngine`. Holds only static
+    fields and its compiled (prefill, decode) pairs."""
 
     def __init__(self, graphdef, config: ModelConfig, *, eos_id: int | Sequence[int], pad_id: int,
                  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
