@@ -21,7 +21,8 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
-from grpo_jax.sampling.sampler import Sampler, SamplingConfig, force_lengths
+from grpo_jax.sampling.ops import force_lengths
+from grpo_jax.sampling.sampler import Sampler, SamplingConfig
 
 TESTS = Path(__file__).parent
 CONFIG = M.ModelConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from grpo_jax import model as M
+from grpo_jax.sampling import ops, static
 from grpo_jax.sampling import sampler as S
 from full_forward import full_forward
 
@@ -62,9 +63,9 @@ def test_cached_decode_reproduces_full_forward_logits_step_by_step():
     for i, prompt in enumerate(PROMPTS):
         tokens[i, p - len(prompt):], mask[i, p - len(prompt):] = prompt, 1
     forced = np.array([[3, 14, 27, 1, 6]] * 2 + [[20, 20, 5, 9, 2]] * 2, np.int32)  # B = 4 rows
-    state = jax.jit(lambda pr, t, m: S.prefill(graphdef, pr, t, m, num_samples=g, max_new_tokens=c))(
+    state = jax.jit(lambda pr, t, m: static.prefill(graphdef, pr, t, m, num_samples=g, max_new_tokens=c))(
         params, tokens, mask)
-    step = jax.jit(lambda pr, caches, km, tok, pos, w: S.decode_step(graphdef, pr, caches, km, tok, pos, w))
+    step = jax.jit(lambda pr, caches, km, tok, pos, w: ops.decode_step(graphdef, pr, caches, km, tok, pos, w))
     cached = [np.asarray(state.logits_BxV)]
     caches, positions = state.caches, state.positions_B
     for i in range(c - 1):
@@ -148,9 +149,9 @@ def test_top_k_and_top_p_never_sample_outside_their_sets(model, sampler):
 def test_filter_logits_worked_example():
     # probs 0.5, 0.25, 0.125, 0.125: top_p 0.7 keeps the first two (0.5 < 0.7, 0.75 >= 0.7).
     logits = jnp.log(jnp.array([[0.125, 0.5, 0.125, 0.25]]))
-    kept = np.isfinite(np.asarray(S.filter_logits(logits, top_k=0, top_p=0.7)))
+    kept = np.isfinite(np.asarray(ops.filter_logits(logits, top_k=0, top_p=0.7)))
     np.testing.assert_array_equal(kept, [[False, True, False, True]])
-    kept = np.isfinite(np.asarray(S.filter_logits(logits, top_k=1, top_p=1.0)))
+    kept = np.isfinite(np.asarray(ops.filter_logits(logits, top_k=1, top_p=1.0)))
     np.testing.assert_array_equal(kept, [[False, True, False, False]])
 
 
@@ -328,3 +329,26 @@ def test_threads_on_a_one_device_mesh_sample_the_same_rows_sharded(model):
     # The same per-row arithmetic, its matmuls blocked for 6 rows instead of 12: a few float32 ulps
     # of log-probs below 10 in size (ulp(8) = 1e-6).
     np.testing.assert_allclose(np.asarray(out.logprobs_BxC), np.asarray(plain.logprobs_BxC), atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_lower_abstract_lowers_the_programs_a_real_call_runs(model, engine):
+    # `check` compiles the sampler from shapes alone (no params in memory): lowering from
+    # ShapeDtypeStructs that carry the decode layout must give the very programs that a call with
+    # real params and prompts of that bucket runs (same module text: same shapes, layouts, ops).
+    from grpo_jax.distributed import sharding
+    from grpo_jax.model.config import DTYPES
+
+    graphdef, params = model
+    mesh = sharding.make_mesh()
+    sampling = S.SamplingConfig(max_new_tokens=4)
+    real = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, engine=engine)
+    lowered = real.lower(params, [[3, 4, 5], [6, 7]], num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(0))
+    decode_params = sharding.decode_params(mesh, params, dtype=DTYPES[CONFIG.dtype])
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), decode_params)
+    abstract = S.Sampler(graphdef, CONFIG, eos_id=EOS, pad_id=PAD, mesh=mesh, engine=engine)
+    from_shapes = abstract.lower_abstract(shapes, prompt_len=16, num_prompts=2, num_samples=2, sampling=sampling)
+    for name, a, b in zip(("prefill", "decode"), lowered, from_shapes):
+        assert a.as_text() == b.as_text(), name
+    with pytest.raises(ValueError, match=r"prompt_len=10 is not one of the prompt buckets"):
+        abstract.lower_abstract(shapes, prompt_len=10, num_prompts=2, num_samples=2, sampling=sampling)

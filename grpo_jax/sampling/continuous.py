@@ -2,7 +2,7 @@
 slot to the next waiting row, so the decode loop runs on live rows instead of a static batch that
 waits for its longest completion.
 
-Rows are laid out as in the static sampler (`grpo_jax.sampling.sampler`): B = N * G rows, row r is prompt
+Rows are laid out as in the static engine (`grpo_jax.sampling.static`): B = N * G rows, row r is prompt
 r // G, sample r % G; with D = data * fsdp devices, device d holds rows [d * Q, (d + 1) * Q),
 Q = B / D, and prefills only the prompts of those rows. Each device runs its own queue and its own
 S slots (every per-device step below is a `vmap` over a leading device axis, so nothing crosses
@@ -27,6 +27,9 @@ sums (a slot attends over the blocks its live neighbours have written, a static 
 masked slots add exact zeros but change the summation tree).
 
 Each slot holds a cache of P + C slots: S slots cost S / B of the static sampler's cache.
+
+`programs` wraps the two as the (prefill, decode) pair the `Sampler` jits; the token draw, stop
+tests and model step are the shared `grpo_jax.sampling.ops`.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
+from grpo_jax.distributed import sharding
 from grpo_jax.model import KVCache, default_positions
 from grpo_jax.model.kernels import constrain_rows
-# The static engine's pieces (grpo_jax.sampling.sampler imports this module only inside a function).
-from grpo_jax.sampling.sampler import _sample, decode_step, force_lengths, is_stop, row_keys
+from grpo_jax.sampling.engine import SamplingConfig
+from grpo_jax.sampling.ops import cache_sharding, decode_step, force_lengths, is_stop, row_keys, sample_tokens
 
 
 class PromptStore(NamedTuple):
@@ -159,7 +164,7 @@ def refill(st: SlotState, store: PromptStore, *, devices: int, rows_per_device: 
 
 
 def generate(graphdef, params, st: SlotState, store: PromptStore, rng, first_row, *, devices: int,
-             rows_per_device: int, sampling, eos_ids: tuple[int, ...], pad_id: int, refill_every: int,
+             rows_per_device: int, sampling: SamplingConfig, eos_ids: tuple[int, ...], pad_id: int, refill_every: int,
              forced_length_Q=None) -> SlotState:
     """Decodes every row through the slots (module docstring); returns the final state, whose
     tokens_QxC / logprobs_QxC / length_Q hold every row's completion."""
@@ -188,7 +193,7 @@ def generate(graphdef, params, st: SlotState, store: PromptStore, rng, first_row
         logits = st.logits_SxV
         if forced_length_Q is not None:
             logits = force_lengths(logits, st.slot_step, rows_at(forced_length_Q, st.slot_row), eos_ids[0], eos_ids)
-        token_S, logp_S = _sample(logits, keys_S, st.slot_step, sampling)
+        token_S, logp_S = sample_tokens(logits, keys_S, st.slot_step, sampling)
         live = ~st.slot_done
         target = jnp.where(live, st.slot_row, q)  # finished and empty slots write nowhere
         stops = st.slot_step + 1 >= c
@@ -227,3 +232,41 @@ def outputs(st: SlotState, *, eos_ids: tuple[int, ...], ignore_eos: bool):
         mask = jnp.ones_like(st.tokens_QxC)
     truncated = ~jnp.any(is_stop(st.tokens_QxC, eos_ids) & (mask > 0), axis=1)
     return st.tokens_QxC, mask, truncated, st.logprobs_QxC * mask
+
+
+def programs(graphdef, *, copies: int, devices: int, rows_per_device: int, slots_per_device: int,
+             sampling: SamplingConfig, eos_ids: tuple[int, ...], pad_id: int, refill_every: int,
+             rng_impl: str | None, forced: bool, on_trace=lambda: None):
+    """The continuous engine's (prefill_fn, decode_fn), to be jitted by the `Sampler`, with the
+    static engine's signatures (`static.programs`); the state is (slots, prompt store)."""
+
+    def prefill_fn(params, tokens_MxP, mask_MxP):
+        on_trace()
+        store = prefill_prompts(nnx.merge(graphdef, params), tokens_MxP, mask_MxP)
+        slot_state = empty_slots(store, devices=devices, slots_per_device=slots_per_device,
+                                 rows_per_device=rows_per_device, max_new_tokens=sampling.max_new_tokens,
+                                 pad_id=pad_id)
+        return (slot_state, store), jnp.repeat(tokens_MxP, copies, axis=0)
+
+    def decode_fn(params, state, rng, first_row, *forced_length_B):
+        if rng_impl is not None:
+            rng = jax.random.wrap_key_data(rng, impl=rng_impl)
+        slot_state, store = state
+        st = generate(graphdef, params, slot_state, store, rng, first_row, devices=devices,
+                      rows_per_device=rows_per_device, sampling=sampling, eos_ids=eos_ids, pad_id=pad_id,
+                      refill_every=refill_every, forced_length_Q=forced_length_B[0] if forced else None)
+        tokens, mask, truncated, logprobs = outputs(st, eos_ids=eos_ids, ignore_eos=sampling.ignore_eos)
+        return (st, store), (jnp.repeat(store.mask_MxP, copies, axis=0), tokens, mask, truncated, logprobs)
+
+    return prefill_fn, decode_fn
+
+
+def state_shardings(mesh, num_layers: int, num_kv_heads: int) -> tuple[SlotState, PromptStore]:
+    """(slots, prompt store)'s layout on `mesh`: rows and slots over ("data", "fsdp"), the caches
+    as `ops.cache_sharding`, the iteration count whole."""
+    rows, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    heads = cache_sharding(mesh, num_kv_heads)
+    caches = [KVCache(heads, heads) for _ in range(num_layers)]
+    slot_state = SlotState(caches, *([rows] * 10), whole)
+    store = PromptStore([heads] * len(caches), [heads] * len(caches), rows, rows, rows)
+    return slot_state, store

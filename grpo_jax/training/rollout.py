@@ -1,7 +1,8 @@
 """Host-side rollouts: prompts in, scored completions out, and the held-out evaluation.
 
 Everything here runs on the host around the jitted sampler: tokenising prompts, decoding completions,
-calling the reward functions and the task's checker. The device work is `Sampler.__call__`.
+calling the reward functions and the task's checker. The device work is the sampling engine's
+call (`grpo_jax.sampling.engine.SamplingEngine`; the built-in one is `Sampler`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from grpo_jax.distributed import sharding
 from grpo_jax.distributed.processes import Processes
 from grpo_jax.rewards import compute_rewards
 from grpo_jax.rewards.calling import RewardLog, TrainerState
-from grpo_jax.sampling.sampler import SampleOutput, Sampler, SamplingConfig
+from grpo_jax.sampling.engine import SampleOutput, SamplingConfig, SamplingEngine
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:
@@ -73,7 +74,7 @@ class Rollout:
 
 
 def dispatch_rollout(
-    sampler: Sampler,
+    sampler: SamplingEngine,
     params,
     tokenizer,
     examples: Sequence[dict],
@@ -140,7 +141,7 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
 
 
 def evaluate(
-    sampler: Sampler,
+    sampler: SamplingEngine,
     params,
     tokenizer,
     task,
@@ -177,74 +178,97 @@ def evaluate(
     """
     processes = processes or Processes(mesh=None)
     local = processes.prompt_slice(batch_prompts)
-    results: dict[str, float] = {}
-    modes = [("sampled", num_samples, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature))]
-    if greedy:
-        modes.append(("greedy", 1, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)))
+    modes = _eval_modes(num_samples, temperature, max_new_tokens, greedy)
     total_batches = len(modes) * -(-len(examples) // batch_prompts)
     done_batches = 0
-    records: dict[int, dict] = {}
+    records: dict[int, dict] | None = {} if samples is not None else None
+    results: dict[str, float] = {}
     for mode_i, (mode, n, sampling) in enumerate(modes):
         # Per question: answers that passed, and the final answers for the vote (None: truncated).
         # A question another process answered stays all False / 0 here; the sum below fills it in.
-        correct = np.zeros((len(examples), n), bool)
+        correct_QxN = np.zeros((len(examples), n), bool)
         answers: list[list[str | None]] = [[] for _ in examples]
         for start in range(0, len(examples), batch_prompts):
-            chunk = list(examples[start : start + batch_prompts])
-            real = len(chunk)
-            chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
-            prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
             key = jax.random.fold_in(jax.random.fold_in(rng, mode_i), start)
-            sample = sampler(params, prompt_ids, num_samples=n, sampling=sampling, rng=key)
-            tokens = sharding.process_rows(sample.tokens_BxC)
-            lengths = sharding.process_rows(sample.mask_BxC).sum(axis=1)
-            truncated = sharding.process_rows(sample.truncated_B).astype(bool)
-            for q in range(local.start, min(real, local.stop)):
-                for j in range(n):
-                    row = (q - local.start) * n + j
-                    text = tokenizer.decode(tokens[row, : lengths[row]])
-                    ok = (not truncated[row]) and bool(task.eval_correct(text, chunk[q]))
-                    answer = None if truncated[row] else task.extract_answer(text)
-                    correct[start + q, j] = ok
-                    answers[start + q].append(answer)
-                    if samples is not None:
-                        record = records.setdefault(start + q, {"index": start + q, "example": chunk[q],
-                                                                 "sampled": []})
-                        one = {"completion": text, "answer": answer, "correct": ok,
-                               "truncated": bool(truncated[row]), "length": int(lengths[row])}
-                        if mode == "greedy":
-                            record["greedy"] = one
-                        else:
-                            record["sampled"].append(one)
+            _check_batch(sampler, params, tokenizer, task, examples, start=start, batch_prompts=batch_prompts,
+                         local=local, mode=mode, num_samples=n, sampling=sampling, rng=key, correct_QxN=correct_QxN,
+                         answers=answers, records=records)
             done_batches += 1
             if on_batch is not None:
                 on_batch(done_batches, total_batches)
-        majs = {}
-        for k in ks:
-            if k > 1 and mode != "greedy":
-                # A voted answer is as correct as the first sample that gave it (same final answer).
-                majs[k] = processes.sum(
-                    [
-                        (
-                            evaluation.maj_at_k(answers[q], lambda a, q=q: correct[q, answers[q].index(a)], k)
-                            if answers[q]
-                            else 0.0
-                        )
-                        for q in range(len(examples))
-                    ]
-                )
-        correct = processes.sum(correct.astype(np.int32)) > 0
-        if mode == "greedy":
-            results["eval/greedy_accuracy"] = float(correct[:, 0].mean())
-            continue
-        counts = correct.sum(axis=1)
-        results["eval/pass@1"] = float(np.mean(counts / n))
-        for k in ks:
-            if k > 1:
-                results[f"eval/pass@{k}"] = float(
-                    np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts])
-                )
-                results[f"eval/maj@{k}"] = float(np.mean(majs[k]))
+        results.update(_mode_metrics(mode, n, ks, correct_QxN, answers, processes))
     if samples is not None:
         samples.extend(records[q] for q in sorted(records))
+    return results
+
+
+def _eval_modes(num_samples: int, temperature: float, max_new_tokens: int, greedy: bool
+                ) -> list[tuple[str, int, SamplingConfig]]:
+    """(mode, samples per question, sampling) for each evaluation pass: sampled, then greedy."""
+    modes = [("sampled", num_samples, SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature))]
+    if greedy:
+        modes.append(("greedy", 1, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True)))
+    return modes
+
+
+def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Sequence[dict], *, start: int,
+                 batch_prompts: int, local: slice, mode: str, num_samples: int, sampling: SamplingConfig,
+                 rng: jax.Array, correct_QxN: np.ndarray, answers: list[list[str | None]],
+                 records: dict[int, dict] | None) -> None:
+    """Samples questions [start, start + batch_prompts) and checks this process's answers (its
+    `local` slice of the batch): fills their rows of `correct_QxN` and `answers`, and with
+    `records` (not None) each question's record (`evaluate`'s `samples`)."""
+    chunk = list(examples[start : start + batch_prompts])
+    real = len(chunk)
+    chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
+    prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
+    sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
+    tokens = sharding.process_rows(sample.tokens_BxC)
+    lengths = sharding.process_rows(sample.mask_BxC).sum(axis=1)
+    truncated = sharding.process_rows(sample.truncated_B).astype(bool)
+    for q in range(local.start, min(real, local.stop)):
+        for j in range(num_samples):
+            row = (q - local.start) * num_samples + j
+            text = tokenizer.decode(tokens[row, : lengths[row]])
+            ok = (not truncated[row]) and bool(task.eval_correct(text, chunk[q]))
+            answer = None if truncated[row] else task.extract_answer(text)
+            correct_QxN[start + q, j] = ok
+            answers[start + q].append(answer)
+            if records is not None:
+                record = records.setdefault(start + q, {"index": start + q, "example": chunk[q], "sampled": []})
+                one = {"completion": text, "answer": answer, "correct": ok,
+                       "truncated": bool(truncated[row]), "length": int(lengths[row])}
+                if mode == "greedy":
+                    record["greedy"] = one
+                else:
+                    record["sampled"].append(one)
+
+
+def _mode_metrics(mode: str, n: int, ks: Sequence[int], correct_QxN: np.ndarray, answers: list[list[str | None]],
+                  processes: Processes) -> dict[str, float]:
+    """One pass's metrics from this process's checks, summed over processes: greedy accuracy, or
+    pass@1, pass@k and maj@k (k > 1) over the n samples of each question."""
+    majs = {}
+    for k in ks:
+        if k > 1 and mode != "greedy":
+            # A voted answer is as correct as the first sample that gave it (same final answer).
+            majs[k] = processes.sum(
+                [
+                    (
+                        evaluation.maj_at_k(answers[q], lambda a, q=q: correct_QxN[q, answers[q].index(a)], k)
+                        if answers[q]
+                        else 0.0
+                    )
+                    for q in range(len(answers))
+                ]
+            )
+    correct_QxN = processes.sum(correct_QxN.astype(np.int32)) > 0
+    if mode == "greedy":
+        return {"eval/greedy_accuracy": float(correct_QxN[:, 0].mean())}
+    counts = correct_QxN.sum(axis=1)
+    results = {"eval/pass@1": float(np.mean(counts / n))}
+    for k in ks:
+        if k > 1:
+            results[f"eval/pass@{k}"] = float(np.mean([evaluation.pass_at_k(n, int(c), k) for c in counts]))
+            results[f"eval/maj@{k}"] = float(np.mean(majs[k]))
     return results
