@@ -34,7 +34,7 @@ from grpo_jax.io.hf_config import (  # noqa: F401 (config_from_hf, hf_config_fro
     hf_config_from,
     read_config,
 )
-from grpo_jax.io.tokenizer import read_json_object
+from grpo_jax.io.tokenizer_files import read_json_object
 from grpo_jax.model import ModelConfig, Transformer
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

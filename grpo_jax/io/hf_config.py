@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from grpo_jax.io.tokenizer import read_json_object
+from grpo_jax.io.tokenizer_files import read_json_object
 from grpo_jax.model import ModelConfig, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
