@@ -300,10 +300,8 @@ def grpo_loss(
     total = functools.partial(aggregate, mask=real_NxT, aggregation=aggregation, max_len=max_len,
                               normalizer=normalizer, axis_name=axis_name)
     loss = -total(surrogate_NxT - beta * kl_NxT)
-    metrics = {
-        "policy_loss": -total(jax.lax.stop_gradient(surrogate_NxT)),
-        **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name),
-    }
+    metrics = {"policy_loss": -total(jax.lax.stop_gradient(surrogate_NxT)),
+               **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name)}
     if surrogate is not None:  # the clip fractions describe PPO's clip only
         metrics = {k: v for k, v in metrics.items() if not k.startswith("clip_ratio/")}
         metrics.update(jax.lax.stop_gradient(surrogate_metrics))
