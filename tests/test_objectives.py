@@ -359,11 +359,14 @@ def test_update_runs_each_family_and_logs_its_metrics():
 
 
 def test_objectives_import_no_trainer_model_or_verifier():
-    # "One import away" for research code: the module pulls in jax and grpo_jax.core.losses only.
+    # "One import away" for research code: the module pulls in jax and the pure math of grpo_jax.core
+    # only (the loss and the siblings it re-exports: the sampler correction, entropy, token stats).
     import subprocess
     import sys
 
     code = ("import sys, grpo_jax.core.objectives; "
             "print(sorted(m for m in sys.modules if m.startswith('grpo_jax.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
-    assert out.strip() == "['grpo_jax.core.losses', 'grpo_jax.core.objectives']"
+    assert out.strip() == ("['grpo_jax.core', 'grpo_jax.core.entropy', 'grpo_jax.core.losses', "
+                           "'grpo_jax.core.objectives', 'grpo_jax.core.sampler_correction', "
+                           "'grpo_jax.core.token_stats']")

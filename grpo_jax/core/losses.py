@@ -1,4 +1,6 @@
-"""The GRPO loss (minus the seed's objective J), its KL estimators, and the entropy metric.
+"""The GRPO loss (minus the seed's objective J): the ratio, the clipped term, the KL estimators and
+the aggregation over tokens. (The sampler correction's weights and the entropy metric live in
+`core.sampler_correction` and `core.entropy`; their names are importable from here too.)
 
 Shapes: N answers (rows), T token columns, V vocabulary. `mask` is nonzero on real answer tokens
 and zero on padding (prompt tokens, tokens after EOS). Padding never contributes, an all-padding
@@ -15,21 +17,22 @@ number of devices (pmap transposes psum into psum); divide by `jax.lax.axis_size
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+# Kept importable from here (research code's `grpo_jax.losses` path): the sampler correction and the
+# entropy metric live in their own modules; `_psum` is what `objectives` reduces with.
+from grpo_jax.core.entropy import per_token_entropy, token_entropy  # noqa: F401
+from grpo_jax.core.sampler_correction import CorrectionMode, sampler_correction  # noqa: F401
+from grpo_jax.core.token_stats import psum as _psum
+from grpo_jax.core.token_stats import token_max, token_mean, token_min
+
 KLKind = Literal["k1", "k2", "k3"]
 Aggregation = Literal["sequence", "token", "constant", "sequence_sum"]
 RatioMode = Literal["token", "sequence"]
-CorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-
-
-def _psum(x: jax.Array, axis_name: str | None) -> jax.Array:
-    return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: KLKind = "k3") -> jax.Array:
@@ -97,106 +100,6 @@ def importance_ratio(
             return jnp.broadcast_to(jnp.exp(log_s_N)[:, None], log_rho_NxT.shape)
         case _:
             raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
-
-
-def sampler_correction(
-    trainer_logp: jax.Array,
-    sampler_logp: jax.Array,
-    mask: jax.Array,
-    mode: CorrectionMode = "sequence_mask",
-    *,
-    clip_max: float | None = 3.0,
-    clip_min: float | None = None,
-    axis_name: str | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Importance weights for tokens sampled from pi_sampler but trained as if from pi_old.
-
-    The sampler's log-probs differ from the trainer's: other kernels, bf16 caches, or an older
-    policy (asynchronous rollouts). The clipped objective's expectation is over pi_old, the
-    trainer's policy, so each token's term is weighted by w = pi_old / pi_sampler (TIS / MIS,
-    Yao et al. 2025; TRL's `vllm_importance_sampling_*`):
-
-      "token_truncate":    w_{i,t} = clip(exp(d_{i,t}), lo, hi)
-      "token_mask":        w_{i,t} = exp(d_{i,t}) where it lies in [lo, hi], else 0
-      "sequence_truncate": w_i = clip(exp(sum_t d_{i,t}), lo, hi) on every token of answer i
-      "sequence_mask":     w_i = exp(sum_t d_{i,t}) where it lies in [lo, hi], else 0 (the answer drops)
-
-    with d = trainer_logp - sampler_logp on real tokens. Sequence modes use the product of the
-    token ratios (the answer's own likelihood ratio, as TRL), not GSPO's geometric mean.
-    Bounds: hi = clip_max (None: no upper bound); lo = clip_min, and when clip_min is None
-    1 / clip_max in the mask modes (a band [1/C, C]) and no lower bound in the truncate modes.
-    (TRL's clip_min=None puts no lower bound on the mask modes either: pass clip_min=0 for that.)
-
-    Seed-style example: d = (0.1, -0.2, 0.3) on one answer, C = 2. token_truncate gives
-    (e^0.1, e^-0.2, e^0.3) = (1.105, 0.819, 1.350); sequence_mask gives e^0.2 = 1.221 on all
-    three (inside [0.5, 2]); with d = (0.5, 0.5, 0.5), e^1.5 = 4.48 > 2 and the answer is masked.
-
-    Args:
-      trainer_logp: [N, T] log pi_old from the trainer (no gradient is taken through it).
-      sampler_logp: [N, T] log-probs the sampler reported for the same tokens.
-      mask: [N, T], nonzero on real tokens.
-      mode: one of the four above.
-      clip_max, clip_min: the bounds, see above.
-      axis_name: mapped batch axis (shard_map/pmap) for global metrics.
-
-    Returns:
-      (w_NxT, metrics): w float32 [N, T], exactly 1 on padding and exactly 1 where the two
-      log-probs are equal (within the bounds); metrics float32 scalars over real tokens:
-        "sampling/importance_sampling_ratio/mean", ".../min", ".../max": of w (after the bounds);
-        "sampling/sampling_logp_difference/mean", ".../max": of |trainer_logp - sampler_logp|;
-        "sampling/importance_sampling_masked_fraction": real tokens with w = 0 by the mask;
-        "sampling/importance_sampling_truncated_fraction": real tokens whose ratio was clipped.
-    """
-    if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-        raise ValueError("mode must be 'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask', "
-                         f"got {mode!r}")
-    real_NxT = jnp.asarray(mask) != 0
-    trainer = jax.lax.stop_gradient(jnp.asarray(trainer_logp, jnp.float32))
-    sampler = jnp.asarray(sampler_logp, jnp.float32)
-    # Zeroed on padding first (it may hold garbage); a sampler that could not score a token (NaN)
-    # gives it d = 0, weight 1, rather than a NaN loss.
-    d_NxT = jnp.where(real_NxT, trainer, 0.0) - jnp.where(real_NxT, sampler, 0.0)
-    d_NxT = jnp.where(jnp.isnan(d_NxT), 0.0, d_NxT)
-    if mode.startswith("sequence"):
-        log_w_NxT = jnp.broadcast_to(d_NxT.sum(axis=1, keepdims=True), d_NxT.shape)
-    else:
-        log_w_NxT = d_NxT
-    raw_NxT = jnp.where(real_NxT, jnp.exp(log_w_NxT), 1.0)  # exp(0) == 1 exactly: equal log-probs, w = 1
-    masking = mode.endswith("mask")
-    hi = jnp.inf if clip_max is None else clip_max
-    lo = clip_min if clip_min is not None else ((1.0 / clip_max if clip_max else 0.0) if masking else 0.0)
-    outside_NxT = real_NxT & ((raw_NxT < lo) | (raw_NxT > hi))
-    if masking:
-        w_NxT = jnp.where(outside_NxT, 0.0, raw_NxT)
-    else:
-        w_NxT = jnp.clip(raw_NxT, lo, hi)
-
-    num_tokens = jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
-    any_real = _psum(real_NxT.sum(), axis_name) > 0
-
-    def token_mean(x_NxT):
-        return _psum(jnp.where(real_NxT, x_NxT, 0.0).sum(), axis_name) / num_tokens
-
-    def token_max(x_NxT, empty):
-        value = jnp.where(real_NxT, x_NxT, -jnp.inf).max()
-        value = value if axis_name is None else jax.lax.pmax(value, axis_name)
-        return jnp.where(any_real, value, empty)
-
-    w_min = jnp.where(real_NxT, w_NxT, jnp.inf).min()
-    if axis_name is not None:
-        w_min = jax.lax.pmin(w_min, axis_name)
-    abs_d_NxT = jnp.abs(d_NxT)
-    outside = outside_NxT.astype(jnp.float32)
-    metrics = {
-        "sampling/importance_sampling_ratio/mean": token_mean(w_NxT),
-        "sampling/importance_sampling_ratio/min": jnp.where(any_real, w_min, 1.0),
-        "sampling/importance_sampling_ratio/max": token_max(w_NxT, 1.0),
-        "sampling/sampling_logp_difference/mean": token_mean(abs_d_NxT),
-        "sampling/sampling_logp_difference/max": token_max(abs_d_NxT, 0.0),
-        "sampling/importance_sampling_masked_fraction": token_mean(outside) if masking else jnp.float32(0.0),
-        "sampling/importance_sampling_truncated_fraction": jnp.float32(0.0) if masking else token_mean(outside),
-    }
-    return jax.lax.stop_gradient(w_NxT), jax.lax.stop_gradient(metrics)
 
 
 def clipped_surrogate(
@@ -326,24 +229,11 @@ def aggregate(
 
 
 def grpo_loss(
-    logp: jax.Array,
-    old_logp: jax.Array,
-    ref_logp: jax.Array | None,
-    advantages: jax.Array,
-    mask: jax.Array,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float | None = None,
-    beta: float = 0.04,
-    kl: KLKind = "k3",
-    aggregation: Aggregation = "sequence",
-    max_len: int | None = None,
-    ratio: RatioMode = "token",
-    normalizer: jax.Array | float | None = None,
-    axis_name: str | None = None,
-    is_weights: jax.Array | None = None,
-    use_bias_correction_kl: bool = False,
-    surrogate: Callable | None = None,
+    logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None, advantages: jax.Array, mask: jax.Array,
+    *, eps_low: float = 0.2, eps_high: float | None = None, beta: float = 0.04, kl: KLKind = "k3",
+    aggregation: Aggregation = "sequence", max_len: int | None = None, ratio: RatioMode = "token",
+    normalizer: jax.Array | float | None = None, axis_name: str | None = None, is_weights: jax.Array | None = None,
+    use_bias_correction_kl: bool = False, surrogate: Callable | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO loss, -J (seed, Step 4), with the DAPO / Dr. GRPO / GSPO variants.
 
@@ -398,6 +288,29 @@ def grpo_loss(
         "ratio/mean", "ratio/min", "ratio/max": of rho over real tokens (1 if there are none).
     """
     logp = jnp.asarray(logp)
+    adv_NxT = _advantages_NxT(logp, old_logp, ref_logp, advantages, mask, beta)
+    eps_high = eps_low if eps_high is None else eps_high
+    real_NxT = jnp.asarray(mask) != 0
+    rho_NxT = importance_ratio(logp, old_logp, mask, ratio)
+    surrogate_NxT, surrogate_metrics = _policy_term(logp, old_logp, adv_NxT, mask, rho_NxT, eps_low, eps_high,
+                                                    is_weights, surrogate, axis_name)
+    kl_NxT = _kl_term(logp, ref_logp, real_NxT, rho_NxT, kl, use_bias_correction_kl)
+    if normalizer is None:
+        normalizer = loss_normalizer(real_NxT, aggregation, max_len=max_len, axis_name=axis_name)
+    total = functools.partial(aggregate, mask=real_NxT, aggregation=aggregation, max_len=max_len,
+                              normalizer=normalizer, axis_name=axis_name)
+    loss = -total(surrogate_NxT - beta * kl_NxT)
+    metrics = {"policy_loss": -total(jax.lax.stop_gradient(surrogate_NxT)),
+               **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name)}
+    if surrogate is not None:  # the clip fractions describe PPO's clip only
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("clip_ratio/")}
+        metrics.update(jax.lax.stop_gradient(surrogate_metrics))
+    return loss, metrics
+
+
+def _advantages_NxT(logp, old_logp, ref_logp, advantages, mask, beta) -> jax.Array:
+    """Checks `grpo_loss`'s input shapes (logp [N, T] sets them) and returns the advantages as
+    float32 [N, T], an [N] vector broadcast along the tokens."""
     if logp.ndim != 2:
         raise ValueError(f"logp must be [N, T], got shape {logp.shape}")
     shape = logp.shape
@@ -415,48 +328,37 @@ def grpo_loss(
         )
     if ref_logp is None and not (isinstance(beta, (int, float)) and beta == 0):
         raise ValueError(f"ref_logp is None but beta={beta!r}; pass ref_logp or set beta=0")
+    return adv_NxT
 
-    eps_high = eps_low if eps_high is None else eps_high
-    real_NxT = jnp.asarray(mask) != 0
-    rho_NxT = importance_ratio(logp, old_logp, mask, ratio)
-    if surrogate is None:
-        surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
-        if is_weights is not None:
-            surrogate_NxT = surrogate_NxT * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
-    else:
-        surrogate_NxT, surrogate_metrics = surrogate(logp, old_logp, adv_NxT, mask, is_weights=is_weights,
-                                                     axis_name=axis_name)
 
+def _policy_term(
+    logp, old_logp, adv_NxT, mask, rho_NxT, eps_low, eps_high, is_weights, surrogate, axis_name
+) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """(j_NxT, surrogate metrics): the per-token policy objective before the KL term, weighted by
+    the sampler correction; PPO's clipped term (metrics None) or the `surrogate` family's."""
+    if surrogate is not None:
+        return surrogate(logp, old_logp, adv_NxT, mask, is_weights=is_weights, axis_name=axis_name)
+    surrogate_NxT = clipped_surrogate(rho_NxT, adv_NxT, eps_low, eps_high)
+    if is_weights is not None:
+        surrogate_NxT = surrogate_NxT * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
+    return surrogate_NxT, None
+
+
+def _kl_term(logp, ref_logp, real_NxT, rho_NxT, kind: KLKind, use_bias_correction_kl: bool) -> jax.Array:
+    """KL_NxT, the per-token KL estimate of `grpo_loss` (zeros without ref_logp), times rho with
+    TRL's use_bias_correction_kl."""
     if ref_logp is None:
-        kl_NxT = jnp.zeros(shape, jnp.float32)
-    else:
-        # Same padding guard as in importance_ratio: exp of garbage on padding must not reach
-        # the gradient.
-        kl_NxT = kl_penalty(
-            jnp.where(real_NxT, logp.astype(jnp.float32), 0.0),
-            jnp.where(real_NxT, jnp.asarray(ref_logp, jnp.float32), 0.0),
-            kl,
-        )
-        if use_bias_correction_kl:
-            kl_NxT = kl_NxT * rho_NxT
-    objective_NxT = surrogate_NxT - beta * kl_NxT
-    if normalizer is None:
-        normalizer = loss_normalizer(real_NxT, aggregation, max_len=max_len, axis_name=axis_name)
-    loss = -aggregate(
-        objective_NxT, real_NxT, aggregation, max_len=max_len, normalizer=normalizer, axis_name=axis_name
+        return jnp.zeros(logp.shape, jnp.float32)
+    # Same padding guard as in importance_ratio: exp of garbage on padding must not reach
+    # the gradient.
+    kl_NxT = kl_penalty(
+        jnp.where(real_NxT, logp.astype(jnp.float32), 0.0),
+        jnp.where(real_NxT, jnp.asarray(ref_logp, jnp.float32), 0.0),
+        kind,
     )
-    policy_loss = -aggregate(
-        jax.lax.stop_gradient(surrogate_NxT), real_NxT, aggregation, max_len=max_len,
-        normalizer=normalizer, axis_name=axis_name,
-    )
-    metrics = {
-        "policy_loss": policy_loss,
-        **_loss_metrics(kl_NxT, rho_NxT, adv_NxT, real_NxT, eps_low, eps_high, axis_name),
-    }
-    if surrogate is not None:  # the clip fractions describe PPO's clip only
-        metrics = {k: v for k, v in metrics.items() if not k.startswith("clip_ratio/")}
-        metrics.update(jax.lax.stop_gradient(surrogate_metrics))
-    return loss, metrics
+    if use_bias_correction_kl:
+        kl_NxT = kl_NxT * rho_NxT
+    return kl_NxT
 
 
 def _loss_metrics(
@@ -465,95 +367,16 @@ def _loss_metrics(
     """TRL-named float32 scalar metrics of one loss evaluation; see `grpo_loss`."""
     sg = jax.lax.stop_gradient
     kl_NxT, rho_NxT = sg(kl_NxT), sg(rho_NxT)
-    num_tokens = jnp.maximum(_psum(real_NxT.sum().astype(jnp.float32), axis_name), 1.0)
-
-    def token_mean(x_NxT):
-        return _psum(jnp.where(real_NxT, x_NxT, 0.0).sum(), axis_name) / num_tokens
-
     below_NxT = rho_NxT < 1.0 - eps_low
     above_NxT = rho_NxT > 1.0 + eps_high
-    any_real = _psum(real_NxT.sum(), axis_name) > 0
-    rho_min = jnp.where(real_NxT, rho_NxT, jnp.inf).min()
-    rho_max = jnp.where(real_NxT, rho_NxT, -jnp.inf).max()
-    if axis_name is not None:
-        rho_min = jax.lax.pmin(rho_min, axis_name)
-        rho_max = jax.lax.pmax(rho_max, axis_name)
     f32 = lambda b: b.astype(jnp.float32)  # noqa: E731
+    mean = functools.partial(token_mean, real_NxT=real_NxT, axis_name=axis_name)
     return {
-        "kl": token_mean(kl_NxT),
-        "clip_ratio/low_mean": token_mean(f32(below_NxT & (adv_NxT < 0))),
-        "clip_ratio/high_mean": token_mean(f32(above_NxT & (adv_NxT > 0))),
-        "clip_ratio/region_mean": token_mean(f32(below_NxT | above_NxT)),
-        "ratio/mean": token_mean(rho_NxT),
-        "ratio/min": jnp.where(any_real, rho_min, 1.0),
-        "ratio/max": jnp.where(any_real, rho_max, 1.0),
+        "kl": mean(kl_NxT),
+        "clip_ratio/low_mean": mean(f32(below_NxT & (adv_NxT < 0))),
+        "clip_ratio/high_mean": mean(f32(above_NxT & (adv_NxT > 0))),
+        "clip_ratio/region_mean": mean(f32(below_NxT | above_NxT)),
+        "ratio/mean": mean(rho_NxT),
+        "ratio/min": token_min(rho_NxT, real_NxT, axis_name, 1.0),
+        "ratio/max": token_max(rho_NxT, real_NxT, axis_name, 1.0),
     }
-
-
-def _entropy_rows(logits_RxV: jax.Array) -> jax.Array:
-    """Entropy of each row of logits; float32 [R]. See `per_token_entropy`."""
-    # The barrier keeps XLA from hoisting the float32 upcast out of the chunk loop, which would
-    # re-create the whole-array float32 copy the chunking exists to avoid.
-    x = jax.lax.optimization_barrier(logits_RxV).astype(jnp.float32)
-    z = x - jax.lax.stop_gradient(x.max(axis=-1, keepdims=True))
-    e = jnp.exp(z)
-    # H = log S - W / S with S = sum e^z, W = sum e^z z (z <= 0, so nothing overflows). e == 0
-    # where a logit is -inf; zeroing z there keeps 0 * -inf out of the value and the gradient.
-    s = e.sum(axis=-1)
-    w = (e * jnp.where(e > 0, z, 0.0)).sum(axis=-1)
-    return jnp.log(s) - w / s
-
-
-@functools.partial(jax.jit, static_argnames="chunk_elements")
-def per_token_entropy(logits: jax.Array, *, chunk_elements: int = 2**24) -> jax.Array:
-    """Entropy -sum_v p_v log p_v of the next-token distribution at each position.
-
-    Memory: positions are processed in chunks of about `chunk_elements` logits (`lax.map`), so
-    the float32 temporaries (upcast, exp) are a few chunks, never a float32 copy of the whole
-    [..., V] array. (XLA on CPU does not fuse the upcast, exp and two reductions into one pass:
-    unchunked, it holds two full float32 [N, T, V] arrays.)
-
-    Args:
-      logits: [..., V] any float dtype.
-      chunk_elements: static, logits per chunk (default 2**24: 64 MiB of float32 per temporary).
-
-    Returns:
-      entropy: float32 [...] in nats; 0 for a one-hot (others -inf) distribution, not NaN.
-    """
-    *lead, vocab = logits.shape
-    rows = math.prod(lead)
-    chunk = max(1, min(rows, chunk_elements // vocab))
-    num_chunks = -(-rows // chunk)
-    flat_RxV = logits.reshape(rows, vocab)
-    if num_chunks * chunk != rows:  # pad with zero logits (uniform rows), dropped below
-        flat_RxV = jnp.pad(flat_RxV, ((0, num_chunks * chunk - rows), (0, 0)))
-    h_CxB = jax.lax.map(_entropy_rows, flat_RxV.reshape(num_chunks, chunk, vocab))
-    return h_CxB.reshape(-1)[:rows].reshape(lead)
-
-
-def token_entropy(
-    logits: jax.Array,
-    mask: jax.Array,
-    *,
-    axis_name: str | None = None,
-    chunk_elements: int = 2**24,
-) -> jax.Array:
-    """The seed's entropy metric: mean over real tokens of the next-token entropy.
-
-    H = mean_{i,t} [-sum_v pi(v | q, o_{i,<t}) log pi(v | q, o_{i,<t})] (seed, Part 1, Entropy).
-
-    Args:
-      logits: [N, T, V] logits at the answer positions (any float dtype; bf16 is upcast chunk
-        by chunk, see `per_token_entropy`).
-      mask: [N, T], nonzero on real tokens.
-      axis_name: mapped batch axis, for the global mean.
-      chunk_elements: see `per_token_entropy`.
-
-    Returns:
-      float32 scalar in nats; 0 if there are no real tokens.
-    """
-    real_NxT = jnp.asarray(mask) != 0
-    h_NxT = per_token_entropy(logits, chunk_elements=chunk_elements)
-    total = _psum(jnp.where(real_NxT, h_NxT, 0.0).sum(), axis_name)
-    count = _psum(real_NxT.sum().astype(jnp.float32), axis_name)
-    return total / jnp.maximum(count, 1.0)

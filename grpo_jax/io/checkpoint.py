@@ -33,11 +33,7 @@ import errno
 import json
 import logging
 import os
-import re
-import sys
 import time
-import traceback
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,20 +43,21 @@ import orbax.checkpoint as ocp
 
 from grpo_jax.io import fingerprint as fingerprint_lib
 from grpo_jax.io import run_paths
+# The step checks and Orbax's output live in their own modules; `verify_partial_restore`,
+# `silence_abandoned_reads` and the meta keys stay importable from here (eval reads them here).
+from grpo_jax.io.checkpoint_verify import (  # noqa: F401
+    FINGERPRINTS_KEY,
+    FORMAT_KEY,
+    check_json_files,
+    check_restored_matches,
+    verified_meta,
+    verify_partial_restore,
+)
+from grpo_jax.io.orbax_output import MAX_CAUSE, one_line, silence_abandoned_reads
 
 log = logging.getLogger(__name__)
 
 CORRUPT_SUBDIR = "corrupt"
-# JSON files without which a step cannot load (the tree structure, our meta item); checked first
-# so that a broken one is named. Not _CHECKPOINT_METADATA: Orbax restores a step whose copy of
-# that file is broken (it logs an error), and so must we.
-_JSON_FILES = ("state/_METADATA", "meta/metadata")
-_MAX_CAUSE = 500  # characters of an error kept in a one-line cause
-FINGERPRINTS_KEY = "array_fingerprints"  # in the meta item; ``restore`` returns meta without it
-# Written beside the fingerprints. A meta with it and without fingerprints lost them (corrupt); one
-# with neither was saved before checkpoints were verified, and restores with a warning: refusing
-# it would strand every run started before the upgrade (nothing would restore).
-FORMAT_KEY = "verified_format"
 
 
 class CheckpointWriteError(RuntimeError):
@@ -144,7 +141,7 @@ class CheckpointManager:
         full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC  # its text names no file
         if where not in record.getMessage() and (exc is None or where not in str(exc)) and not full:
             return True
-        log.debug("Orbax save: %s", record.getMessage()[:_MAX_CAUSE])
+        log.debug("Orbax save: %s", record.getMessage()[:MAX_CAUSE])
         return False
 
     def _write_error(self, err: Exception, step: int | None) -> CheckpointWriteError:
@@ -154,7 +151,7 @@ class CheckpointManager:
             cause = ("no space left on the device. Free space there (or set train.run_dir on a bigger disk) and "
                      "run again with --resume: the checkpoints already written are kept")
         else:
-            cause = _one_line(err)
+            cause = one_line(err)
         self._failed = CheckpointWriteError(f"checkpoint {which} could not be written to {self.directory}: {cause}")
         return self._failed
 
@@ -176,7 +173,7 @@ class CheckpointManager:
             if where not in message:
                 return True
             log.debug("Orbax%s: %s %s", "" if step is None else f" (step {step})", record.levelname,
-                      message[:_MAX_CAUSE])
+                      message[:MAX_CAUSE])
             return False
 
         absl_logger = logging.getLogger("absl")
@@ -283,7 +280,7 @@ class CheckpointManager:
             try:
                 restored_state, meta = self._restore_step(manager, abstract_state, candidate, required_meta)
             except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
-                failures.append((candidate, _one_line(e)))
+                failures.append((candidate, one_line(e)))
                 continue
             for bad_step, cause in failures:
                 moved = self._quarantine(bad_step)
@@ -306,7 +303,7 @@ class CheckpointManager:
 
     def _restore_step(self, manager: ocp.CheckpointManager, abstract_state: Any,
                       step: int, required_meta: tuple[str, ...]) -> tuple[Any, dict]:
-        _check_json_files(self.directory / str(step))
+        check_json_files(self.directory / str(step))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         silence_abandoned_reads(self.directory)
         with self._quiet_orbax(step):
@@ -314,23 +311,12 @@ class CheckpointManager:
         meta = restored["meta"]
         if not isinstance(meta, dict):
             raise ValueError(f"meta item of step {step} is {type(meta).__name__}, expected a JSON object")
-        _check_restored_matches(abstract_state, restored["state"], step)
-        meta = dict(meta)
-        saved = meta.pop(FINGERPRINTS_KEY, None)
-        verified = meta.pop(FORMAT_KEY, None) is not None
-        lost = [] if isinstance(saved, dict) or not verified else [FINGERPRINTS_KEY]
-        missing = lost + [k for k in required_meta if k not in meta]
+        check_restored_matches(abstract_state, restored["state"], step)
         meta_file = self.directory / str(step) / "meta" / "metadata"
-        if missing:
-            raise ValueError(f"{meta_file} lacks the field(s) {missing} (damaged)")
+        meta, verified = verified_meta(meta, restored["state"], meta_file, required_meta)
         if not verified:
             log.warning("checkpoint step %d (%s) was saved before grpo_jax fingerprinted its arrays: restored "
                         "without verifying them", step, meta_file)
-            return restored["state"], meta
-        bad = fingerprint_lib.mismatches(saved, fingerprint_lib.tree_fingerprints(restored["state"]))
-        if bad:
-            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
         return restored["state"], meta
 
     @property
@@ -368,140 +354,3 @@ class CheckpointManager:
         self.close()
 
 
-def verify_partial_restore(step_dir: Path, tree: Any) -> None:
-    """For a reader that restores part of a step (eval's params only): ValueError unless the
-    step's meta has fingerprints and every leaf of ``tree`` (keyed from the state's root, e.g.
-    ``{"params": ...}``) matches its saved one."""
-    file = Path(os.fspath(step_dir)) / "meta" / "metadata"
-    try:
-        meta = json.loads(file.read_bytes())
-        saved, verified = meta.get(FINGERPRINTS_KEY), FORMAT_KEY in meta
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"{file}: cannot read the step's meta ({_one_line(e)})") from None
-    if not verified and saved is None:
-        log.warning("%s: saved before grpo_jax fingerprinted its arrays; read without verifying them", file)
-        return
-    if not isinstance(saved, dict):
-        raise ValueError(f"{file} lacks the field(s) ['{FINGERPRINTS_KEY}'] (damaged)")
-    read = fingerprint_lib.tree_fingerprints(tree)
-    bad = fingerprint_lib.mismatches({k: saved[k] for k in read if k in saved}, read)
-    if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ValueError(f"array data changed on disk since the save: {bad[0]}{more}")
-
-
-def _check_restored_matches(abstract_state: Any, restored: Any, step: int) -> None:
-    """Raises ValueError when a restored leaf's shape or dtype differs from the requested one."""
-    paths_abstract, _ = jax.tree_util.tree_flatten_with_path(abstract_state)
-    leaves_restored = jax.tree_util.tree_leaves(restored)
-    if len(paths_abstract) != len(leaves_restored):
-        raise ValueError(
-            f"step {step}: restored {len(leaves_restored)} leaves, abstract_state has {len(paths_abstract)}"
-        )
-    for (path, want), got in zip(paths_abstract, leaves_restored):
-        if not hasattr(want, "shape"):
-            continue
-        if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
-            raise ValueError(
-                f"step {step}: leaf {jax.tree_util.keystr(path)} restored as {got.dtype}{list(got.shape)}, "
-                f"abstract_state asks for {want.dtype}{list(want.shape)}"
-            )
-
-
-def _check_json_files(step_dir: Path) -> None:
-    """A step's metadata files that exist must parse: otherwise Orbax's error is a bare
-    "Expecting value: line 1 column 1 (char 0)" that names no file."""
-    for name in _JSON_FILES:
-        file = step_dir / name
-        if not file.is_file():
-            continue  # Orbax says what is missing, naming the file
-        try:
-            json.loads(file.read_bytes())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-        except ValueError as e:  # UnicodeDecodeError: binary garbage
-            raise ValueError(f"{file}: not valid JSON ({e})") from None
-
-
-# tensorstore appends its whole JSON spec, and absl its source locations, to an error message;
-# Orbax a pointer to a bound method's repr.
-_NOISE = re.compile(r"\s*(\[(tensorstore_spec|source locations)(\[\d+\])?=|See full TensorStore details: <bound).*$")
-
-
-def _one_line(err: Exception) -> str:
-    """``Type: first line of the message``, without tensorstore's spec, at most _MAX_CAUSE chars
-    (the head and the tail, where tensorstore puts the root cause)."""
-    text = str(err).strip()
-    line = _NOISE.sub("", text.splitlines()[0]) if text else repr(err)
-    if len(line) > _MAX_CAUSE:
-        line = line[: _MAX_CAUSE // 2 - 3] + " ... " + line[-(_MAX_CAUSE // 2 - 2):]
-    return f"{type(err).__name__}: {line}"
-
-
-# What Orbax leaves behind when a restore fails. It runs each restore on a fresh event loop and
-# closes that loop as soon as the first tensorstore read fails (or a shape is wrong), while the
-# step's other reads are still in flight, and prints one traceback for each of them:
-# - a read that then finishes raises "RuntimeError: Event loop is closed" in a tensorstore
-#   thread (an unraisable exception, no object);
-# - a read coroutine that is then closed unfinished raises Orbax's "Encountered error while
-#   reading array index" from GeneratorExit ("Exception ignored in: <coroutine ...>");
-# - asyncio logs "Future (or Task) exception was never retrieved" and "Task was destroyed but it
-#   is pending!" when the abandoned futures and tasks are garbage-collected, and a read that never
-#   started warns "RuntimeWarning: coroutine '_read_array_index_and_device_put' was never awaited"
-#   (or 'Store._get_array_metadatas', the metadata read).
-# All of it arrives after the failed restore has returned, so the filters below stay installed
-# once a restore has been attempted. They match only these leftovers (a coroutine in Orbax's
-# code, a message naming a checkpoint directory or an Orbax coroutine) and pass on the rest;
-# the real error is the one ``restore`` raises or reports.
-_RESTORED_DIRECTORIES: set[str] = set()
-
-
-def _abandoned_read(unraisable: Any) -> bool:
-    exc, obj = unraisable.exc_value, unraisable.object
-    if obj is None:
-        if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
-            return False
-        frames = traceback.extract_tb(unraisable.exc_traceback)
-        return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
-    code = getattr(obj, "cr_code", None)
-    closed = isinstance(exc, GeneratorExit) or isinstance(getattr(exc, "__cause__", None), GeneratorExit)
-    # An abandoned write of a failed save, finalised while the interpreter shuts down.
-    shutting_down = isinstance(exc, ImportError) and "shutting down" in str(exc)
-    return (closed or shutting_down) and code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-
-
-class _UnraisableFilter:
-    """sys.unraisablehook that drops abandoned Orbax reads and passes the rest on."""
-
-    def __init__(self, previous: Any):
-        self.previous = previous
-
-    def __call__(self, unraisable: Any) -> None:
-        if not _abandoned_read(unraisable):
-            self.previous(unraisable)
-
-
-# Orbax's read coroutines that an abandoned restore may leave unstarted: the array read itself and
-# (seen once in a clean-clone run, 2026-12-01) its array-metadata store's read.
-_UNSTARTED_READ = r"coroutine '(_read_array_index_and_device_put|Store\._get_array_metadatas)' was never awaited"
-_ASYNCIO_LEFTOVERS = ("Future exception was never retrieved", "Task exception was never retrieved",
-                      "Task was destroyed but it is pending!")
-
-
-def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
-    """The asyncio logger's filter: False (drop) for garbage-collected leftovers of a restore."""
-    message = record.getMessage()
-    if not message.startswith(_ASYNCIO_LEFTOVERS):
-        return True
-    return not (f"{os.sep}orbax{os.sep}" in message or any(d in message for d in _RESTORED_DIRECTORIES))
-
-
-def silence_abandoned_reads(directory: Path) -> None:
-    """Installs the filters (once each; the unraisable hook chains to the one it replaces)."""
-    _RESTORED_DIRECTORIES.add(str(directory))
-    if not isinstance(sys.unraisablehook, _UnraisableFilter):
-        sys.unraisablehook = _UnraisableFilter(sys.unraisablehook)
-    asyncio_logger = logging.getLogger("asyncio")
-    if _not_an_abandoned_read not in asyncio_logger.filters:
-        asyncio_logger.addFilter(_not_an_abandoned_read)
-    warnings.filterwarnings("ignore", message=_UNSTARTED_READ, category=RuntimeWarning)

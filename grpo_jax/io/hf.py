@@ -6,7 +6,8 @@
 Weights are read with `safetensors` into numpy (no torch), one tensor at a time, and mapped onto
 the parameter tree documented in `grpo_jax/model/transformer.py` (HF Linear weights are [out, in];
 ours are [in, ...] with heads split out, so loading is a transpose and a reshape, saving the inverse).
-Both directions are exact, so save-then-load returns bit-identical parameters.
+Both directions are exact, so save-then-load returns bit-identical parameters. config.json's side
+(fields to ModelConfig and back) is `grpo_jax.io.hf_config`; its functions are importable from here.
 """
 
 from __future__ import annotations
@@ -25,26 +26,20 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from grpo_jax.model import ModelConfig, RopeScaling, Transformer
-from grpo_jax.io.tokenizer import read_json_object
+from grpo_jax.io.hf_config import (  # noqa: F401 (config_from_hf, hf_config_from, ...: importable from here)
+    SUPPORTED_ARCHITECTURES,
+    architecture_for,
+    architecture_of,
+    config_from_hf,
+    hf_config_from,
+    read_config,
+)
+from grpo_jax.io.tokenizer_files import read_json_object
+from grpo_jax.model import ModelConfig, Transformer
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 # Tensors some checkpoints carry that hold nothing we need (old Llama exports saved RoPE tables).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def read_config(path: str | pathlib.Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict; a missing or corrupt file is an error naming it."""
-    path = pathlib.Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    file = path / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"config.json not found in checkpoint directory {path} "
-                                f"(expected {file})")
-    return read_json_object(file)
 
 
 def _open_safetensors(file: pathlib.Path):
@@ -54,114 +49,6 @@ def _open_safetensors(file: pathlib.Path):
     except SafetensorError as e:
         raise ValueError(f"{file}: not a readable safetensors file ({e}); the file is truncated "
                          "or corrupt, copy it again from its source") from None
-
-
-def architecture_of(hf_config: dict[str, Any]) -> str:
-    """'LlamaForCausalLM', 'Qwen2ForCausalLM' or 'Qwen3ForCausalLM', else a ValueError."""
-    archs = hf_config.get("architectures") or []
-    arch = archs[0] if archs else _MODEL_TYPES.get(hf_config.get("model_type", ""), None)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        found = archs or hf_config.get("model_type")
-        raise ValueError(f"unsupported architecture {found!r} in config.json; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-    return arch
-
-
-def _rope(hf_config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    # transformers < 5 writes rope_theta + rope_scaling; 5.x nests both in rope_parameters.
-    params = hf_config.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", hf_config.get("rope_theta", 10000.0)))
-    scaling = hf_config.get("rope_scaling") or params
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise ValueError(f"config.json rope type {kind!r} is not supported; supported: 'default', "
-                         "'llama3'")
-    return theta, RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-    )
-
-
-def _number(hf_config: dict[str, Any], key: str, kind: type = int):
-    """A required numeric field of config.json; a missing or non-numeric one is named."""
-    if key not in hf_config:
-        raise KeyError(key)
-    value = hf_config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"field {key!r} must be a number, got {value!r}")
-    return kind(value)
-
-
-def _sliding_windows(hf_config: dict[str, Any], arch: str, num_layers: int):
-    """(sliding_window, layer_types) as transformers reads them: Qwen2 and Qwen3 use a window only
-    with use_sliding_window (else sliding_window is None), in the layers `layer_types` names or,
-    without it, layers >= max_window_layers. (None, None): full attention."""
-    if arch == "LlamaForCausalLM":
-        if hf_config.get("use_sliding_window", False) or "sliding_attention" in (hf_config.get("layer_types") or []):
-            raise ValueError("config.json use_sliding_window / sliding_attention layers are not supported for "
-                             "LlamaForCausalLM; supported: full attention (sliding windows: Qwen2, Qwen3)")
-        return None, None
-    if not hf_config.get("use_sliding_window", False):
-        return None, None
-    window = hf_config.get("sliding_window")
-    if window is None:
-        return None, None
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"config.json sliding_window must be a positive int, got {window!r}")
-    types = hf_config.get("layer_types")
-    if types is None:
-        first = int(hf_config.get("max_window_layers", num_layers))
-        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
-        raise ValueError(f"config.json layer_types must name full_attention or sliding_attention for each of "
-                         f"the {num_layers} layers, got {types!r}")
-    if "sliding_attention" not in types:
-        return None, None
-    return window, tuple(types)
-
-
-def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
-                   remat: bool | str = False, attention_impl: str = "auto") -> ModelConfig:
-    """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors.
-    remat and attention_impl say how the passes run (ModelConfig); config.json has neither."""
-    arch = architecture_of(hf_config)
-    act = hf_config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"config.json hidden_act {act!r} is not supported; supported: 'silu'")
-    # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which the model lacks.
-    if arch != "Qwen2ForCausalLM" and hf_config.get("attention_bias", False):
-        raise ValueError(f"config.json attention_bias=true ({arch}) is not supported; supported: false")
-    if hf_config.get("mlp_bias", False):
-        raise ValueError("config.json mlp_bias=true is not supported; supported: false")
-    heads = _number(hf_config, "num_attention_heads")
-    window, layer_types = _sliding_windows(hf_config, arch, _number(hf_config, "num_hidden_layers"))
-    hidden = _number(hf_config, "hidden_size")
-    theta, scaling = _rope(hf_config)
-    return ModelConfig(
-        vocab_size=_number(hf_config, "vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=_number(hf_config, "intermediate_size"),
-        num_layers=_number(hf_config, "num_hidden_layers"),
-        num_heads=heads,
-        num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
-        head_dim=int(hf_config.get("head_dim") or hidden // heads),
-        rope_theta=theta,
-        rope_scaling=scaling,
-        rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and no o bias)
-        qk_norm=arch == "Qwen3ForCausalLM",
-        param_dtype=param_dtype or dtype,
-        dtype=dtype,
-        sliding_window=window,
-        layer_types=layer_types,
-        remat=remat,
-        attention_impl=attention_impl,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,122 +202,6 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     return nnx.merge(graphdef, state)
 
 
-def _architecture_for(config: ModelConfig) -> str:
-    if config.qkv_bias and config.qk_norm:
-        raise ValueError("no supported HF architecture has both qkv_bias and qk_norm; supported: "
-                         "LlamaForCausalLM (neither), Qwen2ForCausalLM (qkv_bias), "
-                         "Qwen3ForCausalLM (qk_norm)")
-    if config.qkv_bias:
-        return "Qwen2ForCausalLM"
-    if config.qk_norm:
-        return "Qwen3ForCausalLM"
-    if config.layer_types is not None:
-        raise ValueError("sliding-window layers export as Qwen2ForCausalLM (qkv_bias) or Qwen3ForCausalLM "
-                         "(qk_norm); LlamaForCausalLM has no sliding window")
-    return "LlamaForCausalLM"
-
-
-# config.json keys by the ModelConfig fields they come from: a group whose fields the model still
-# has as the source's config.json says is kept as the source wrote it (its spelling, its extra
-# keys); a group the model changed is written afresh.
-_CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("vocab_size",), ("vocab_size",)),
-    (("hidden_size",), ("hidden_size",)),
-    (("intermediate_size",), ("intermediate_size",)),
-    (("num_layers",), ("num_hidden_layers", "layer_types")),
-    (("num_heads",), ("num_attention_heads",)),
-    (("num_kv_heads",), ("num_key_value_heads",)),
-    (("head_dim",), ("head_dim",)),
-    (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
-    (("rms_norm_eps",), ("rms_norm_eps",)),
-    (("tie_embeddings",), ("tie_word_embeddings",)),
-    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
-    (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
-                                         "max_window_layers")),
-)
-_DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
-
-
-def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
-    """config.json for `config` alone: every key the model defines, in the spelling every reader
-    understands (transformers 4 and 5, vLLM)."""
-    arch = _architecture_for(config)
-    c = config
-    out = {
-        "architectures": [arch],
-        "model_type": {v: k for k, v in _MODEL_TYPES.items()}[arch],
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": c.rms_norm_eps,
-        "tie_word_embeddings": c.tie_embeddings,
-        # The pre-5.0 spelling: transformers 5 converts it, and vLLM reads both.
-        "rope_theta": c.rope_theta,
-        "rope_scaling": None if c.rope_scaling is None else {
-            "rope_type": "llama3", **dataclasses.asdict(c.rope_scaling)},
-        "torch_dtype": c.param_dtype,
-    }
-    if arch != "Qwen2ForCausalLM":
-        out["attention_bias"] = False
-    if arch == "LlamaForCausalLM":
-        out["mlp_bias"] = False
-    if c.layer_types is not None:
-        # Both spellings: layer_types (transformers >= 4.53 reads it first) and the older
-        # max_window_layers, exact when the sliding layers are the last ones.
-        sliding = [i for i, kind in enumerate(c.layer_types) if kind == "sliding_attention"]
-        out.update(use_sliding_window=True, sliding_window=c.sliding_window, layer_types=list(c.layer_types),
-                   max_window_layers=sliding[0])
-    elif arch == "Qwen2ForCausalLM":
-        out["use_sliding_window"] = False
-    return out
-
-
-def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = None,
-                   token_ids: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json for `config`.
-
-    With `base_config` (the source checkpoint's config.json) every key of it is kept, and only
-    what the model changed is rewritten: the weights' dtype (torch_dtype, or dtype where the source
-    spells it so), and any shape or architecture field that differs from what `base_config` says
-    (e.g. a resized vocab_size). `token_ids` ({"bos_token_id": .., "eos_token_id": ..,
-    "pad_token_id": ..}) fills ids the base does not give; without either they are null, and
-    max_position_embeddings (which the model does not know) is 4096.
-    """
-    fresh = _fresh_hf_config(config)
-    if not base_config:
-        out = fresh
-    else:
-        try:
-            derived = config_from_hf(base_config, dtype=config.dtype, param_dtype=config.param_dtype)
-        except (KeyError, TypeError, ValueError):  # a base we cannot read: every group is rewritten
-            derived = None
-        # transformers_version stays: it says which spelling the kept keys are in, and
-        # transformers reads a file by it (as it read the source).
-        out = dict(base_config)
-        for fields, keys in _CONFIG_KEY_GROUPS:
-            if derived is not None and all(getattr(derived, f) == getattr(config, f) for f in fields):
-                continue
-            for key in keys:
-                out.pop(key, None)
-            out.update({key: fresh[key] for key in keys if key in fresh})
-        dtype_keys = [k for k in _DTYPE_KEYS if k in base_config] or ["torch_dtype"]
-        for key in dtype_keys:
-            out[key] = config.param_dtype
-    for key, value in (token_ids or {}).items():
-        if out.get(key) is None:
-            out[key] = value
-    if not base_config:
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            out.setdefault(key, None)
-    out.setdefault("max_position_embeddings", 4096)
-    return out
-
-
 # A tokenizer as Hugging Face checkpoints ship it: everything transformers' AutoTokenizer and the
 # `tokenizers` package read, whichever of them the source has (chat_templates/ is a folder).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -481,7 +252,7 @@ def save_model(model: Transformer, path: str | pathlib.Path, *,
     the umask (0644 under umask 022). transformers' `from_pretrained(path)` and vLLM load the result.
     """
     path = pathlib.Path(path)
-    _architecture_for(model.config)  # fail before any work when no HF architecture fits
+    architecture_for(model.config)  # fail before any work when no HF architecture fits
     if (path / "model.safetensors.index.json").exists():
         raise FileExistsError(f"{path} already holds a sharded checkpoint "
                               "(model.safetensors.index.json); save into an empty directory")

@@ -64,20 +64,7 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
             f"token_logprobs: group_size must be an int >= 1 dividing the {b} rows, got {group_size!r}"
         )
     model = nnx.merge(graphdef, params)
-    if group_size == 1:
-        h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
-                                         attention_mask_BxS, max_position=s)
-        # The hidden state at position t - 1 predicts token t.
-        h_BxCxD = h_BxSxD[:, s - c - 1 : s - 1]
-    else:
-        n, g, p = b // group_size, group_size, s - c
-        tokens_NxGxS = tokens_BxS.reshape(n, g, s)
-        mask_NxGxS = attention_mask_BxS.reshape(n, g, s)
-        h_prompt_NxPxD, h_NxGxCxD = model.shared_prompt_hidden_states(
-            tokens_NxGxS[:, 0, :p], mask_NxGxS[:, 0, :p], tokens_NxGxS[:, :, p:], mask_NxGxS[:, :, p:])
-        # Completion token 0 is predicted by the prompt's last position, token t by completion t - 1.
-        last_prompt = jnp.broadcast_to(h_prompt_NxPxD[:, None, p - 1 :], (n, g, 1, h_NxGxCxD.shape[-1]))
-        h_BxCxD = jnp.concatenate([last_prompt, h_NxGxCxD[:, :, : c - 1]], axis=2).reshape(b, c, -1)
+    h_BxCxD = _target_hidden_states(model, tokens_BxS, attention_mask_BxS, c, group_size)
     targets_BxC = tokens_BxS[:, s - c :]
     v = model.config.vocab_size
     if chunk_size is None:
@@ -86,7 +73,35 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
         logp, ent = _target_logprobs(model.logits(h_BxCxD), targets_BxC, temperature, return_entropy,
                                      gather_ids_BxCxK)
         return (logp, ent) if return_entropy else logp
+    return _chunked_target_logprobs(model, h_BxCxD, targets_BxC, temperature, return_entropy, chunk_size,
+                                    gather_ids_BxCxK)
 
+
+def _target_hidden_states(model, tokens_BxS, attention_mask_BxS, c: int, group_size: int):
+    """h_BxCxD: the final hidden states at the C positions that predict the last C tokens (the
+    state at position t - 1 predicts token t); with group_size > 1 each group's shared prompt runs
+    through the model once (see `token_logprobs`)."""
+    b, s = tokens_BxS.shape
+    if group_size == 1:
+        h_BxSxD, _ = model.hidden_states(tokens_BxS, default_positions(attention_mask_BxS),
+                                         attention_mask_BxS, max_position=s)
+        # The hidden state at position t - 1 predicts token t.
+        return h_BxSxD[:, s - c - 1 : s - 1]
+    n, g, p = b // group_size, group_size, s - c
+    tokens_NxGxS = tokens_BxS.reshape(n, g, s)
+    mask_NxGxS = attention_mask_BxS.reshape(n, g, s)
+    h_prompt_NxPxD, h_NxGxCxD = model.shared_prompt_hidden_states(
+        tokens_NxGxS[:, 0, :p], mask_NxGxS[:, 0, :p], tokens_NxGxS[:, :, p:], mask_NxGxS[:, :, p:])
+    # Completion token 0 is predicted by the prompt's last position, token t by completion t - 1.
+    last_prompt = jnp.broadcast_to(h_prompt_NxPxD[:, None, p - 1 :], (n, g, 1, h_NxGxCxD.shape[-1]))
+    return jnp.concatenate([last_prompt, h_NxGxCxD[:, :, : c - 1]], axis=2).reshape(b, c, -1)
+
+
+def _chunked_target_logprobs(model, h_BxCxD, targets_BxC, temperature, return_entropy, chunk_size: int,
+                             gather_ids_BxCxK):
+    """`token_logprobs`'s result from the hidden states, the logits formed chunk_size positions at
+    a time under jax.checkpoint (one chunk's [B, chunk, V] float32 array alive at once)."""
+    b, c = targets_BxC.shape
     num_chunks = -(-c // chunk_size)
     pad = num_chunks * chunk_size - c
     h_pad = jnp.pad(h_BxCxD, ((0, 0), (0, pad), (0, 0)))

@@ -18,8 +18,8 @@ costs: no dropout on the adapter path (`lora_dropout` must be 0), and one transi
 the targeted weights per forward pass.
 
 Adapters tree: nested dicts mirroring the params' paths with string keys,
-{"layers": {"0": {"attn": {"q_proj": {"lora_a": A, "lora_b": B}}}}}; `peft_state_dict` gives
-peft's names for export.
+{"layers": {"0": {"attn": {"q_proj": {"lora_a": A, "lora_b": B}}}}}; `grpo_jax.io.peft` writes them
+under peft's names for export.
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ PRESETS = {
     "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
-# The HF module each targeted weight belongs to (peft's key names).
-HF_MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-             "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,50 +157,3 @@ def merge(base, adapters: dict, scale: float, dtype=None):
 def count(tree) -> int:
     """Number of values in a tree of arrays (or ShapeDtypeStructs)."""
     return sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree))
-
-
-def peft_state_dict(adapters: dict, prefix: str = "base_model.model.model.") -> dict[str, np.ndarray]:
-    """The adapters under peft's names and layouts (torch's Linear: weight [out, in]):
-    `{prefix}layers.{i}.self_attn.q_proj.lora_A.weight` = A.T [r, in] and `...lora_B.weight` =
-    B.T [out, r]; W'_hf = W_hf + (alpha / r) * lora_B @ lora_A, as peft computes it."""
-    out = {}
-    for names, pair in _flatten_pairs(adapters):
-        _, layer, _, weight = names
-        stem = f"{prefix}layers.{layer}.{HF_MODULE[weight]}.{weight}"
-        out[f"{stem}.lora_A.weight"] = np.ascontiguousarray(np.asarray(pair["lora_a"], np.float32).T)
-        out[f"{stem}.lora_B.weight"] = np.ascontiguousarray(np.asarray(pair["lora_b"], np.float32).T)
-    return out
-
-
-def _flatten_pairs(adapters: dict, names: tuple[str, ...] = ()):
-    if "lora_a" in adapters:
-        yield names, adapters
-        return
-    for key, child in adapters.items():
-        yield from _flatten_pairs(child, names + (key,))
-
-
-def save_peft(adapters: dict, path, *, spec: LoraSpec, alpha: float, base_model: str | None) -> None:
-    """A peft adapter directory: adapter_config.json and adapter_model.safetensors (peft's names,
-    `peft_state_dict`), loadable with `PeftModel.from_pretrained(base, path)`. `base_model`: what
-    the adapters apply to (peft's base_model_name_or_path)."""
-    import json
-    import os
-    import pathlib
-
-    from safetensors.numpy import save_file
-
-    from grpo_jax.io import hf
-
-    path = pathlib.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": spec.rank, "lora_alpha": alpha, "lora_dropout": 0.0, "target_modules": sorted(spec.targets),
-        "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
-        "use_rslora": False, "use_dora": False, "modules_to_save": None,
-    }
-    (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    weights = path / "adapter_model.safetensors"
-    save_file(peft_state_dict(adapters), str(weights), metadata={"format": "pt"})
-    os.chmod(weights, 0o666 & ~hf._umask())  # safetensors writes 0600 (see hf.save_model)

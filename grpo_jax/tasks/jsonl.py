@@ -44,16 +44,17 @@ every resume with the same tokenizer and limit; or, with on_overlong="error", na
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import logging
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from grpo_jax import rewards
-from grpo_jax.rewards.math_verify import fast_number
 
+from .answer_checker import (  # noqa: F401 (importable from here, as before the split)
+    AnswerChecker,
+    answer_tag_accuracy_reward,
+    gsm8k_accuracy_reward,
+)
 from .base import (
     RewardSpec,
     check_choice,
@@ -64,271 +65,22 @@ from .base import (
     example_rng,
     unit_hash,
 )
-from .data_files import EVAL_SETS, named_eval_set, read_rows
-from .templates import (
-    ANSWER_LOCATIONS,
-    TEMPLATES,
-    apply_template,
-    apply_template_to_messages,
-    located_answer,
-    location_instruction,
-    messages_problem,
+from .data_files import EVAL_SETS
+from .jsonl_read import (  # noqa: F401 (importable from here, as before the split)
+    ANSWER_FORMATS,
+    Fields,
+    eval_data,
+    extract_reference,
+    last_boxed,
+    question_key,
+    read_examples,
+    read_jsonl,
 )
 
-ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "raw")
-_MAX_TEXT = 20_000
-_GROUPED_NUMBER = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?", re.ASCII)
 OVERLONG_CHOICES = ("skip", "error")
 _SHOWN_LOCATIONS = 5  # over-long examples named in the warning or error; the rest are counted
 
 log = logging.getLogger(__name__)
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} in `text`, braces balanced: '\\boxed{\\frac{1}{3}}' -> '\\frac{1}{3}'.
-
-    For reference solutions (trusted data); None when there is no box or it is unclosed.
-    """
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None
-
-
-def extract_reference(text: str, answer_format: str) -> str | None:
-    """The final answer of a reference solution in the given format; None when it has none."""
-    if answer_format == "auto":
-        answer_format = "gsm8k" if "####" in text else "boxed" if "\\boxed" in text else "raw"
-    match answer_format:
-        case "gsm8k":
-            if "####" not in text:
-                return None
-            answer = text.rsplit("####", 1)[1].strip()
-            if _GROUPED_NUMBER.fullmatch(answer):
-                answer = answer.replace(",", "")
-            return answer or None
-        case "boxed":
-            return last_boxed(text) or None
-        case "raw":
-            return text.strip() or None
-    raise ValueError(f"answer_format={answer_format!r}; choose one of {list(ANSWER_FORMATS)}")
-
-
-def _question_key(question: str) -> str:
-    return " ".join(question.split())
-
-
-@dataclasses.dataclass(frozen=True)
-class Fields:
-    """Which fields of a data file's rows hold what."""
-
-    question: str = "question"
-    answer: str = "answer"
-    messages: str = "prompt"
-    answer_format: str = "auto"
-
-
-def read_examples(path: str, fields: Fields = Fields()) -> list[tuple[str, dict]]:
-    """(location, record) for each row of a JSONL or Parquet file, with "question" (text), "answer"
-    (the reference's final answer) and "prompt" (the untemplated prompt: the row's `fields.messages`,
-    text or a list of messages, else its question) filled in. Errors name the file, line or row, and
-    field."""
-    out = []
-    hashed, unhashed = [], []  # locations of text answers with and without "####" (answer_format="auto")
-    for row in read_rows(path):
-        record, where = row.record, row.where
-        if fields.answer not in record:
-            raise ValueError(f"{where}: missing field {fields.answer!r}; the row has fields {sorted(record)}")
-        if record.get(fields.messages) is not None:
-            raw_prompt = record[fields.messages]
-            if isinstance(raw_prompt, str):
-                if not raw_prompt.strip():
-                    raise ValueError(f"{where}: field {fields.messages!r} must be a non-empty string or "
-                                     "a list of messages")
-                question = raw_prompt
-            else:
-                problem = messages_problem(raw_prompt)
-                if problem is not None:
-                    raise ValueError(f"{where}: field {fields.messages!r}: {problem}")
-                question = raw_prompt[-1]["content"]
-        else:
-            if fields.question not in record:
-                raise ValueError(
-                    f"{where}: missing field {fields.question!r} (or {fields.messages!r} with the prompt); "
-                    f"the row has fields {sorted(record)}")
-            raw_prompt, question = None, record[fields.question]
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{where}: field {fields.question!r} must be a non-empty string, got "
-                                 f"{str(question)[:80]!r}")
-        raw = record[fields.answer]
-        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-            raise ValueError(f"{where}: field {fields.answer!r} must be a string or a number, got {raw!r}")
-        answer = extract_reference(raw if isinstance(raw, str) else json.dumps(raw), fields.answer_format)
-        if answer is None:
-            raise ValueError(
-                f"{where}: field {fields.answer!r} holds no final answer for "
-                f"answer_format={fields.answer_format!r} (gsm8k needs '#### <answer>', boxed needs "
-                f"'\\boxed{{...}}'): {str(raw)[:80]!r}"
-            )
-        prompt = question if raw_prompt is None else raw_prompt  # untemplated (JsonlTask.example)
-        out.append((row.location, {**record, "question": question, "answer": answer, "prompt": prompt}))
-        if fields.answer_format == "auto" and isinstance(raw, str):
-            (hashed if "####" in raw else unhashed).append(where)
-    _warn_mixed_gsm8k(path, fields, hashed, unhashed)
-    return out
-
-
-def _warn_mixed_gsm8k(path: str, fields: Fields, hashed: list[str], unhashed: list[str]) -> None:
-    """answer_format="auto" on a GSM8K-style file where some answers lack "####": those are used
-    whole (the worked solution as the reference, which no completion matches). One warning line."""
-    if len(hashed) > len(unhashed) > 0:
-        log.warning("%s: %d of %d answers (field %r) have no '####' although the others do, e.g. %s; each is used "
-                    "whole as its reference answer. Add '#### <answer>' to them, or set "
-                    "task.options.answer_format='gsm8k' to refuse them", path, len(unhashed),
-                    len(hashed) + len(unhashed), fields.answer, unhashed[0])
-
-
-def read_jsonl(path: str, question_field: str, answer_field: str, answer_format: str) -> list[dict]:
-    """Records of `path` with "question" and "answer" filled in; errors name the file and line."""
-    fields = Fields(question=question_field, answer=answer_field, answer_format=answer_format)
-    return [record for _, record in read_examples(path, fields)]
-
-
-def eval_data(spec: str, fields: Fields, question_field: str | None = None, answer_field: str | None = None,
-              answer_format: str | None = None) -> tuple[str, Fields]:
-    """(path, fields) of a held-out set given as a file or a shipped set's name ("gsm8k",
-    "math500"): a shipped set brings its own fields, a file the given `fields`; the explicit
-    arguments override either."""
-    if spec in EVAL_SETS:
-        s = EVAL_SETS[spec]
-        path, fields = named_eval_set(spec), Fields(s.question_field, s.answer_field, fields.messages, s.answer_format)
-    else:
-        path = spec
-    return path, dataclasses.replace(
-        fields,
-        question=question_field if question_field is not None else fields.question,
-        answer=answer_field if answer_field is not None else fields.answer,
-        answer_format=answer_format if answer_format is not None else fields.answer_format,
-    )
-
-
-def _as_boxed(answer: str | None) -> str:
-    """`answer` as the one box math_reward reads, or "" (scores 0) when there is none or its braces
-    would let the box end early ("1} or {2" must not become the answer "1")."""
-    if answer is None:
-        return ""
-    boxed = f"\\boxed{{{answer}}}"
-    return boxed if rewards.extract_boxed(boxed) == answer.strip() else ""
-
-
-def _located_accuracy(location: str, options: rewards.VerifyOptions, prompts: Sequence[Any],
-                      completions: Sequence[str], /, *, answer: Sequence[str], pool=None, **_) -> list[float]:
-    """RewardFn body: the answer at a task location ("gsm8k", "answer_tag") boxed, then compared."""
-    boxed = [_as_boxed(located_answer(c, location)) for c in completions]
-    compare = rewards.math_accuracy_reward_fn(approx_rtol=options.approx_rtol, number_format=options.number_format)
-    return compare([""] * len(boxed), boxed, answer=answer, pool=pool)
-
-
-def gsm8k_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
-                          pool=None, **_) -> list[float]:
-    """RewardFn: 1.0 when the completion's one "#### N" equals the reference by value, else 0.0."""
-    return _located_accuracy("gsm8k", rewards.VerifyOptions(), prompts, completions, answer=answer, pool=pool)
-
-
-def answer_tag_accuracy_reward(prompts: Sequence[Any], completions: Sequence[str], *, answer: Sequence[str],
-                               pool=None, **_) -> list[float]:
-    """RewardFn: 1.0 when the one <answer> block (a box in it unwrapped) equals the reference by value."""
-    return _located_accuracy("answer_tag", rewards.VerifyOptions(), prompts, completions, answer=answer, pool=pool)
-
-
-@dataclasses.dataclass(frozen=True)
-class AnswerChecker:
-    """How a data set's prompts are built and its completions checked: the template and where the
-    model's answer is. JsonlTask's own prompts and checks; the eval command's for any data file."""
-
-    template: str = "plain"
-    answer_location: str = "boxed"
-    eval_answer_location: str | None = None  # None: "lenient" when answer_location is "boxed", else the same
-    approx_rtol: float = 0.0
-    number_format: str = "en"
-    # Text questions as messages ([system?, user]) for the tokenizer's chat template: the same prompt
-    # format in training and in every evaluation of the run (JsonlTask's `chat`).
-    chat: bool = False
-    system_prompt: str | None = None
-
-    def __post_init__(self):
-        check_choice("template", self.template, TEMPLATES)
-        if not isinstance(self.chat, bool):
-            raise ValueError(f"chat={self.chat!r}: must be true, false or (JsonlTask) null for auto")
-        if self.system_prompt is not None and (not isinstance(self.system_prompt, str) or not self.system_prompt):
-            raise ValueError(f"system_prompt={self.system_prompt!r}: give the system text, or null for none")
-        check_choice("answer_location", self.answer_location, ANSWER_LOCATIONS)
-        if self.eval_answer_location is not None:
-            check_choice("eval_answer_location", self.eval_answer_location, ANSWER_LOCATIONS)
-        rewards.verify_options("boxed", self.approx_rtol, self.number_format)  # a bad option fails here, named
-
-    @property
-    def options(self) -> rewards.VerifyOptions:
-        return rewards.verify_options("boxed", self.approx_rtol, self.number_format)
-
-    @property
-    def eval_location(self) -> str:
-        """Where evaluation reads the answer: the strict box trains, the lenient reading evaluates."""
-        if self.eval_answer_location is not None:
-            return self.eval_answer_location
-        return "lenient" if self.answer_location == "boxed" else self.answer_location
-
-    def accuracy_reward(self) -> rewards.RewardFn:
-        """The training accuracy reward at `answer_location` (anywhere in the completion: with r1 the
-        layout is the format reward's job)."""
-        if self.answer_location in rewards.LOCATIONS:
-            return rewards.math_accuracy_reward_fn(location=self.answer_location, approx_rtol=self.approx_rtol,
-                                                   number_format=self.number_format)
-        return functools.partial(_located_accuracy, self.answer_location, self.options)
-
-    def example(self, record: dict[str, Any]) -> dict:
-        """A record of `read_examples` with its "prompt": the template applied to its question, or
-        to its messages (a list of messages stays a list)."""
-        instruction = location_instruction(self.answer_location, self.template)
-        raw = record.get("prompt")
-        if not isinstance(raw, list) and self.chat:  # a text question, asked as a chat turn
-            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            raw = system + [{"role": "user", "content": record["question"]}]
-        if isinstance(raw, list):
-            prompt = apply_template_to_messages(self.template, raw, instruction)
-        else:
-            prompt = apply_template(self.template, record["question"], instruction)
-        return {**record, "prompt": prompt}
-
-    def extract_answer(self, completion: str) -> str | None:
-        """The answer at `eval_location` (inside the <answer> block for r1), canonical for majority
-        voting.
-
-        Plain numbers become their exact fraction ("0.50", "\\frac{1}{2}", "1/2" -> "1/2"), so
-        equal values vote together; other answers are the verifier's normalisation minus spaces.
-        """
-        answer = located_answer(completion, self.eval_location, self.template, _MAX_TEXT)
-        if answer is None:
-            return None
-        normal = rewards.normalize_answer(answer, self.number_format)
-        value = fast_number(normal)
-        return str(value) if value is not None else re.sub(r"\s+", "", normal) or None
-
-    def eval_correct(self, completion: str, example: dict) -> bool:
-        """math_reward on the answer at `eval_location` (r1: it must sit inside the <answer> block)."""
-        answer = located_answer(completion, self.eval_location, self.template, _MAX_TEXT)
-        if answer is None:
-            return False
-        return rewards.verify(_as_boxed(answer), example["answer"], self.options) == 1.0
 
 
 @dataclasses.dataclass
@@ -397,11 +149,11 @@ class JsonlTask:
             eval_numbered = read_examples(eval_path, eval_fields)
             self._eval = [self.example(r) for _, r in eval_numbered]
             self._eval_where = [w for w, _ in eval_numbered]
-            held_out = {_question_key(e["question"]) for e in self._eval}
-            member = [_question_key(r["question"]) in held_out for r in records]
+            held_out = {question_key(e["question"]) for e in self._eval}
+            member = [question_key(r["question"]) in held_out for r in records]
         else:
             member = [
-                unit_hash("jsonl-split", _question_key(r["question"])) < self.eval_fraction
+                unit_hash("jsonl-split", question_key(r["question"])) < self.eval_fraction
                 for r in records
             ]
             self._eval = [r for r, m in zip(records, member) if m]

@@ -150,6 +150,7 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
     holds the adapters as peft writes them (with run_dir/peft/base, the base they apply to, when
     the SFT warm-up changed it)."""
     from grpo_jax.io import hf
+    from grpo_jax.io import peft as peft_lib
 
     weights = ctx.processes.all_rows(ctx.policy_params(state))
     base = ctx.processes.all_rows(state.base_params) if base_in_checkpoint(ctx) else None
@@ -171,7 +172,7 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
             if base is not None:
                 save(base, os.path.join(peft_dir, "base"))
                 base_model = os.fspath(ctx.run_dir / "peft" / "base")
-            lora_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.model.lora_alpha,
+            peft_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.model.lora_alpha,
                                base_model=base_model)
 
     if run_paths.is_local(ctx.run_dir):
