@@ -42,6 +42,7 @@ from grpo_jax.core import losses
 from grpo_jax.distributed import sharding
 from grpo_jax import model as model_lib
 from grpo_jax.training import step as step_lib
+from grpo_jax.training.policy import Policy  # noqa: E402
 from grpo_jax.training.run_context import RunState  # noqa: E402
 from grpo_jax.training.timing import ReadyTimes  # noqa: E402
 
@@ -90,7 +91,7 @@ def context(grpo, mesh, graphdef, params, tx, opt_state):
                                                                   params=params, opt_state=opt_state)
     config = config_lib.Config(grpo=grpo, train=config_lib.TrainSection(seed=0))
     return types.SimpleNamespace(config=config, mesh=mesh, update_fn=update_fn, logprob_fn=logprob_fn,
-                                 bucketing=bucketing, uses_reference=True, processes=None,
+                                 bucketing=bucketing, uses_reference=True, processes=None, policy=Policy(),
                                  policy_params=lambda state: state.params,
                                  reference_params=lambda state: state.ref_params)
 
