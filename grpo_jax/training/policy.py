@@ -53,6 +53,18 @@ class Policy:
         """The reference policy's params: the frozen copy, or the base itself."""
         return state.ref_params if self.adapters is None else state.base_params
 
+    def abstract_full_params(self, state):
+        """`full_params` of an abstract state (ShapeDtypeStructs): their shapes and layout."""
+        if self.adapters is None:
+            return state.params
+        with jax.set_mesh(self.merge_fn.mesh):  # as MeshJit runs it
+            return jax.eval_shape(self.merge_fn.jitted, state.params, state.base_params)
+
+    def sampler_copy_is_separate(self, mesh, params) -> bool:
+        """Whether the sampler's weights are a second copy beside the model `params`: always with
+        adapters (it decodes from a merged copy), else where the decode layout differs."""
+        return self.adapters is not None or sharding.decode_copy_is_separate(mesh, params)
+
     def update_extra_args(self, state) -> tuple:
         """What the update takes after (params, opt_state, batch): the frozen base, or nothing."""
         return () if state.base_params is None else (state.base_params,)
@@ -69,8 +81,7 @@ class Policy:
             return None
         if not abstract:
             return step_lib.frozen_copy(params, ref_dtype)
-        cast = jax.jit(lambda p: step_lib.as_dtype(p, ref_dtype), out_shardings=sharding.param_shardings(mesh, params))
-        return jax.eval_shape(cast, params)
+        return _cast(params, ref_dtype, mesh, abstract=True)
 
     # ------------------------------------------------------------------------------------------
     # Checkpoints.
@@ -113,15 +124,16 @@ class Policy:
     def warm_up_params(self, fresh):
         return fresh.params if self.adapters is None else fresh.base_params
 
-    def after_warm_up(self, fresh, params, *, ref_dtype, uses_reference: bool, warmed_up: bool, mesh):
+    def after_warm_up(self, fresh, params, *, ref_dtype, uses_reference: bool, warmed_up: bool, mesh,
+                      abstract: bool = False):
         """The fresh state with the warmed-up `params` in place (the reference copied from them,
-        or, with adapters, the base in its configured dtype; the adapters start after it)."""
+        or, with adapters, the base in its configured dtype; the adapters start after it): the
+        state GRPO's steps run with. `abstract`: of ShapeDtypeStructs (`check`)."""
         if self.adapters is not None:
             if warmed_up and self.base_dtype is not None:
-                params = sharding.put_sharded(step_lib.as_dtype(params, self.base_dtype),
-                                              sharding.param_shardings(mesh, params))
+                params = _cast(params, self.base_dtype, mesh, abstract)
             return dataclasses.replace(fresh, base_params=params)
-        ref_params = self.initial_reference(params, ref_dtype) if uses_reference else None
+        ref_params = self.initial_reference(params, ref_dtype, abstract=abstract, mesh=mesh) if uses_reference else None
         return dataclasses.replace(fresh, params=params, ref_params=ref_params)
 
     # ------------------------------------------------------------------------------------------
@@ -154,6 +166,15 @@ def _call(fn, *args):
     return fn(*args)
 
 
+def _cast(params, dtype, mesh, abstract: bool):
+    """`params`' floating leaves in `dtype`, in the params' training layout on `mesh`; `abstract`:
+    their ShapeDtypeStructs (with shardings) only."""
+    layout = sharding.param_shardings(mesh, params)
+    if abstract:
+        return jax.eval_shape(jax.jit(lambda p: step_lib.as_dtype(p, dtype), out_shardings=layout), params)
+    return sharding.put_sharded(step_lib.as_dtype(params, dtype), layout)
+
+
 def build(config: config_lib.Config, mesh, params, *, abstract: bool = False) -> tuple[Policy, Any, Any]:
     """(policy, trainable params, frozen base or None) over the model `params` (training layout).
 
@@ -166,12 +187,11 @@ def build(config: config_lib.Config, mesh, params, *, abstract: bool = False) ->
     spec = lora_lib.LoraSpec.from_model_section(m)
     if spec is None:
         return Policy(), params, None
-    realize = jax.eval_shape if abstract else _call
+    realize = jax.eval_shape if abstract else _call  # of jitted functions with out_shardings: laid out either way
     base_dtype = jnp.bfloat16 if m.lora_base_dtype == "bfloat16" else None
     base = params
     if config.sft.steps == 0 and base_dtype is not None:
-        layout = sharding.param_shardings(mesh, params)
-        base = realize(lambda p: sharding.put_sharded(step_lib.as_dtype(p, base_dtype), layout), params)
+        base = _cast(params, base_dtype, mesh, abstract)
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
 
     def init():

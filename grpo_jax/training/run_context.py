@@ -119,7 +119,7 @@ class RunContext:
 
     @property
     def ref_dtype(self):
-        return jnp.bfloat16 if self.config.grpo.ref_dtype == "bfloat16" else jnp.float32
+        return reference_dtype(self.config)
 
     @property
     def updates_per_step(self) -> int:
@@ -157,6 +157,22 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
     log_attention(model_config)
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
+
+
+def abstract_model(model_config: model_lib.ModelConfig, mesh, seed: int) -> tuple[Any, Any]:
+    """(graphdef, params) of a fresh model as `build_model` lays it out, as ShapeDtypeStructs with
+    their shardings (`jax.eval_shape`: no weight allocated); `check` builds the run from these."""
+    from flax import nnx
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, seed)))
+    params = jax.eval_shape(lambda: nnx.split(model_lib.init_model(model_config, seed))[1])
+    return graphdef, jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                                  sharding.param_shardings(mesh, params))
+
+
+def reference_dtype(config: config_lib.Config):
+    """The frozen reference's dtype (`grpo.ref_dtype`)."""
+    return jnp.bfloat16 if config.grpo.ref_dtype == "bfloat16" else jnp.float32
 
 
 def log_attention(model_config: model_lib.ModelConfig) -> None:
@@ -405,10 +421,12 @@ def build_training(config: config_lib.Config, mesh, model_config, graphdef, para
     tx, schedule = optim.make_optimizer(config.optim, BatchPlan.of(g_cfg).total_updates(config.train.steps))
     tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
 
-    def init_opt_state(p):
-        return sharding.init_opt_state_sharded(mesh, tx, p)
-
-    opt_state = jax.eval_shape(init_opt_state, params) if abstract else init_opt_state(params)
+    if abstract:  # as sharding.init_opt_state_sharded lays it out
+        opt_state = jax.eval_shape(tx.init, params)
+        opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt_state,
+                                 sharding.opt_state_shardings(mesh, opt_state, params))
+    else:
+        opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(
         g_cfg, config.sampling.temperature, graphdef, tx, mesh=mesh, params=params, opt_state=opt_state,
         frozen=base, model_params_fn=policy.model_params_fn, model_config=model_config)
