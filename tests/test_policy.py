@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.training import policy as policy_lib
-from grpo_jax.training import run_context
+from grpo_jax.training import run_context, trainable
 from grpo_jax.training.run_context import RunState
 from test_train import tiny_config
 
@@ -67,9 +67,9 @@ def test_the_abstract_build_is_the_real_one(tmp_path, model):
     cfg = _config(tmp_path, **model)
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=0))
     mesh, model_config, graphdef, params = _model(cfg)
-    real = run_context.build_training(cfg, mesh, model_config, graphdef, params)
+    real = trainable.build_training(cfg, mesh, model_config, graphdef, params)
     _, abstract_params = run_context.abstract_model(model_config, mesh, cfg.model.init_seed)
-    fake = run_context.build_training(cfg, mesh, model_config, graphdef, abstract_params, abstract=True)
+    fake = trainable.build_training(cfg, mesh, model_config, graphdef, abstract_params, abstract=True)
 
     def described(tree):
         return [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree)]

@@ -153,10 +153,10 @@ def bytes_per_device(tree) -> int:
 @dataclasses.dataclass
 class Abstract:
     """The run's state as shapes and shardings: what `run_context.build` allocates, built by the
-    same code (`run_context.build_training(abstract=True)`)."""
+    same code (`trainable.build_training(abstract=True)`)."""
 
     graphdef: object
-    training: object  # run_context.Training: the policy, optimizer and the trainer's step functions
+    training: object  # trainable.Training: the policy, optimizer and the trainer's step functions
     state: object  # run_context.RunState of ShapeDtypeStructs: trainable params, opt_state, reference, base
     decode_shardings: object  # the sampler's layout (sharding.decode_param_shardings)
     separate_decode_copy: bool  # whether the sampler's weights are a second copy
@@ -175,13 +175,14 @@ class Abstract:
 
 def abstract_state(config, model_config, mesh) -> Abstract:
     """The run as `run_context.build` makes it, over `jax.eval_shape` params: the trainer's
-    policy, optimizer state, reference and step functions (`run_context.build_training`)."""
+    policy, optimizer state, reference and step functions (`trainable.build_training`)."""
     from grpo_jax.distributed import sharding
     from grpo_jax.training import run_context
     from grpo_jax.training import teacher as teacher_lib
+    from grpo_jax.training import trainable
 
     graphdef, params = run_context.abstract_model(model_config, mesh, config.model.init_seed)
-    tr = run_context.build_training(config, mesh, model_config, graphdef, params, abstract=True)
+    tr = trainable.build_training(config, mesh, model_config, graphdef, params, abstract=True)
     # The state GRPO's steps run with, as run_state.initial_state makes it (after the SFT warm-up).
     fresh = run_context.RunState(step=0, data_position=0, params=tr.params, opt_state=tr.opt_state,
                                  ref_params=None, base_params=tr.base)

@@ -99,7 +99,7 @@ def _sampler_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
 def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_ids, pad_id) -> dict[str, Program]:
     """The rollout's prefill and decode, the log-prob pass(es) the config runs, and the update,
     lowered on abstract arguments with the trainer's shardings and compiled. The log-prob pass and
-    the update are the trainer's own (`run_context.build_training`, in `st.training`)."""
+    the update are the trainer's own (`trainable.build_training`, in `st.training`)."""
     g, c = config.grpo, config.sampling.max_new_tokens
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
     seq, rows, m = prompt_len + c, plan.rows, plan.rows_per_micro_batch
