@@ -17,6 +17,7 @@ def test_the_rows_of_a_dapo_style_step():
     plan = BatchPlan.of(g, row_devices=8)
     assert (plan.rows, plan.rows_per_minibatch, plan.rows_per_micro_batch) == (128, 64, 16)
     assert (plan.rows_per_device, plan.micro_batches, plan.updates_per_step) == (16, 4, 4)
+    assert plan.micro_batches_per_step == 8  # 2 minibatches x 4: the log-prob pass's chunks at most
     # The learning-rate schedule spans every update of the run: 10 steps x 4.
     assert plan.total_updates(10) == 40
 

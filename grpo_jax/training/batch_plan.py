@@ -5,6 +5,7 @@ and read by the trainer (`run_context`), `check` and the benchmarks, so they can
     rows                 = prompts_per_step * num_generations          (B, completions per step)
     rows_per_minibatch   = rows / num_minibatches                      (one optimizer update)
     rows_per_micro_batch = rows_per_minibatch / grad_accum_steps       (one forward/backward, M)
+    micro_batches_per_step = num_minibatches * grad_accum_steps
     rows_per_device      = rows / (mesh.data * mesh.fsdp)              (the rollout's share)
     updates_per_step     = num_iterations * num_minibatches
 """
@@ -42,7 +43,12 @@ class BatchPlan:
 
     @property
     def rows_per_micro_batch(self) -> int:
-        return self.rows // (self.num_minibatches * self.micro_batches)
+        return self.rows // self.micro_batches_per_step
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Forward/backward passes per pass over the step's rows: num_minibatches x grad_accum_steps."""
+        return self.num_minibatches * self.micro_batches
 
     @property
     def rows_per_device(self) -> int:

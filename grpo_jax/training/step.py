@@ -35,6 +35,7 @@ from grpo_jax.core import losses
 from grpo_jax import model as model_lib
 from grpo_jax.distributed import sharding
 from grpo_jax.training import step_loss
+from grpo_jax.training.batch_plan import BatchPlan
 
 log = logging.getLogger("grpo_jax")
 
@@ -370,9 +371,8 @@ def logprob_row_chunks(g_cfg: config_lib.GRPOSection, row_multiple: int, group_s
     """How many chunks the log-prob pass over a step's rows runs in: as many as the update has
     micro-batches per step (num_minibatches x grad_accum_steps, so a chunk is a micro-batch's size),
     fewer where the rows do not split into that many chunks of whole groups over the devices."""
-    rows = g_cfg.prompts_per_step * g_cfg.num_generations
-    unit = group_size * row_multiple
-    chunks = g_cfg.num_minibatches * g_cfg.grad_accum_steps
+    plan = BatchPlan.of(g_cfg, row_multiple)
+    rows, unit, chunks = plan.rows, group_size * row_multiple, plan.micro_batches_per_step
     while chunks > 1 and rows % (chunks * unit):
         chunks -= 1
     return chunks
