@@ -352,7 +352,7 @@ def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_con
     if not rollout_devices:
         return None
     r = len(rollout_devices)
-    weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # LoRA: the merged policy, same shapes
+    weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # adapters: the merged policy, same shapes
     kv = (rows // r) * seq * model_config.num_layers * 2 * kv_heads * model_config.head_dim * act_bytes
     return {"devices": r, "rows_per_device": rows // r,
             "snapshot_bytes_per_device": weights * config.train.max_staleness, "kv_cache_bytes_per_device": kv}
