@@ -8,7 +8,7 @@ fake CPU devices:
 The batch: 8 prompts x G=4 = 32 rows, left-padded prompts of 2-5 tokens (shared within a group, so
 the unbucketed passes run each prompt once per group, as the trainer does), answers of 0 to 16
 tokens from a long tail (one fully masked row, two at the full budget), budget C = 16. Both sides
-run the trainer's own code: `run_context.step_functions` builds the programs, `phases.logprobs`
+run the trainer's own code: `trainable.step_functions` builds the programs, `phases.logprobs`
 (reference and recomputed pi_old) and `phases.update` run them. The optimizer is plain SGD with
 learning rate 1, so params_before - params_after is the gradient the update used. Beside the exact
 normaliser, the same chunks run with each chunk's own normaliser (a mean of means, what a
@@ -37,11 +37,12 @@ from flax import nnx  # noqa: E402
 from tolerances import ADAM_EPS_FOR_COMPARISONS, GRAD_REL_ERR, normwise_violation  # noqa: E402
 
 from grpo_jax import config as config_lib
-from grpo_jax.training import length_buckets, phases, run_context
+from grpo_jax.training import length_buckets, phases, trainable
 from grpo_jax.core import losses
 from grpo_jax.distributed import sharding
 from grpo_jax import model as model_lib
 from grpo_jax.training import step as step_lib
+from grpo_jax.training.policy import Policy  # noqa: E402
 from grpo_jax.training.run_context import RunState  # noqa: E402
 from grpo_jax.training.timing import ReadyTimes  # noqa: E402
 
@@ -86,11 +87,11 @@ def host_rows() -> dict[str, np.ndarray]:
 
 def context(grpo, mesh, graphdef, params, tx, opt_state):
     """The parts of a RunContext the log-prob and update phases read, built as `run_context.build` does."""
-    update_fn, logprob_fn, bucketing = run_context.step_functions(grpo, 1.0, graphdef, tx, mesh=mesh,
+    update_fn, logprob_fn, bucketing = trainable.step_functions(grpo, 1.0, graphdef, tx, mesh=mesh,
                                                                   params=params, opt_state=opt_state)
     config = config_lib.Config(grpo=grpo, train=config_lib.TrainSection(seed=0))
     return types.SimpleNamespace(config=config, mesh=mesh, update_fn=update_fn, logprob_fn=logprob_fn,
-                                 bucketing=bucketing, uses_reference=True, processes=None,
+                                 bucketing=bucketing, uses_reference=True, processes=None, policy=Policy(),
                                  policy_params=lambda state: state.params,
                                  reference_params=lambda state: state.ref_params)
 

@@ -26,6 +26,7 @@ import numpy as np
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
 from grpo_jax.training import step as step_lib
+from grpo_jax.training.batch_plan import BatchPlan
 from grpo_jax.model import ModelConfig
 from grpo_jax.rewards import extract_boxed, normalize_answer
 from grpo_jax.rewards.math_verify import fast_number
@@ -179,7 +180,7 @@ def executed_step_flops(config: Config, c: ModelConfig, *, prompt_len: int, num_
     g = config.grpo
     kw = dict(num_prompts=g.prompts_per_step, group=g.num_generations, prompt_len=prompt_len,
               new_tokens=config.sampling.max_new_tokens, with_reference=g.beta > 0)
-    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
+    rows_per_micro = BatchPlan.of(g, num_devices).rows_per_micro_batch
     update_group, logprob_group = step_lib.prompt_groups(g, rows_per_micro, num_devices)
     per_row, shared = grpo_step_flops(c, **kw), grpo_step_flops(c, **kw, shared_prompt=True)
     return StepFlops(rollout=per_row.rollout,

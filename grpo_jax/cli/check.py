@@ -39,43 +39,13 @@ import os
 import re
 import subprocess
 import sys
-import time
+
+from grpo_jax.cli.check_report import count, format_report, gib, weight_specs  # noqa: F401 (re-exported)
+from grpo_jax.cli.check_shapes import MODEL_SHAPES, resolve_shape  # noqa: F401 (re-exported)
 
 EXIT_CONFIG, EXIT_TOO_BIG = 2, 3
 _MANY_LAYERS = 256  # more than any public model (Llama 3.1 405B: 126); building them takes minutes
 _CHILD_ENV = "GRPO_CHECK_FAKE_DEVICES"  # set in the re-executed child: do not re-exec again
-
-# --model-shape presets: the shape fields of each model's public Hugging Face config.json
-# (huggingface.co/<repo>/blob/main/config.json, the Instruct repos the shipped configs use;
-# Qwen/Qwen2.5-{0.5B,1.5B,7B,32B}-Instruct, meta-llama/Llama-3.1-8B-Instruct). Only fields that
-# hf.config_from_hf reads; the base models have the same shapes.
-MODEL_SHAPES: dict[str, dict] = {
-    "qwen2.5-0.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
-                     "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                     "vocab_size": 151936, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-                     "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 151645},
-    "qwen2.5-1.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "intermediate_size": 8960,
-                     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-                     "vocab_size": 151936, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-                     "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 151645},
-    "qwen2.5-7b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
-                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                   "vocab_size": 152064, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-                   "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 151645},
-    "qwen2.5-32b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 27648,
-                    "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
-                    "vocab_size": 152064, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-                    "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 151645},
-    "llama-3.1-8b": {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                     "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
-                     "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
-                     "mlp_bias": False, "head_dim": 128, "bos_token_id": 128000,
-                     "eos_token_id": [128001, 128008, 128009],
-                     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
-}
-
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
           "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
 
@@ -88,14 +58,6 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 16GiB, 80GB or 512MiB")
     return int(float(match.group(1)) * _UNITS[unit])
 
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
-def count(n: int) -> str:
-    """494032768 -> '494.0M', 7615616512 -> '7.62B'."""
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,53 +139,9 @@ def _reexec_with_fake_devices(args) -> int | None:
     return subprocess.run(argv, env=env, check=False).returncode
 
 
-# ----------------------------------------------------------------------------------------------
-# The model's shape.
-
-def resolve_shape(config, preset: str | None):
-    """(ModelConfig, where the shape came from, stop ids, pad id); nothing but config.json is read."""
-    from grpo_jax import config as config_lib
-    from grpo_jax.io import hf
-    from grpo_jax.training import run_context
-
-    m = config.model
-    if m.hf_path and os.path.isdir(m.hf_path) and not preset:
-        try:
-            hf_config = hf.read_config(m.hf_path)
-        except (FileNotFoundError, ValueError) as e:
-            raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
-        source = f"model.hf_path={m.hf_path}/config.json"
-    elif preset:
-        hf_config, source = MODEL_SHAPES[preset], f"--model-shape {preset}"
-    elif m.hf_path:
-        raise config_lib.ConfigError(
-            f"model.hf_path={m.hf_path!r} is not a directory on this machine, so its config.json cannot be read; "
-            f"pass --model-shape with one of {sorted(MODEL_SHAPES)} (check reads no weights)")
-    else:
-        tokenizer = run_context.configured_tokenizer(config)
-        vocab = m.vocab_size or tokenizer.vocab_size
-        run_context.check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
-        eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
-        return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
-    try:
-        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
-                                         attention_impl=m.attention_impl)
-    except (KeyError, ValueError) as e:
-        raise config_lib.ConfigError(f"{source}: {e}") from None
-    eos = hf_config.get("eos_token_id", model_config.vocab_size - 1)
-    eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
-    pad = hf_config.get("pad_token_id")
-    return model_config, source, eos, eos[0] if pad is None else int(pad)
-
 
 # ----------------------------------------------------------------------------------------------
 # The check.
-
-def _with_shardings(tree, shardings):
-    import jax
-
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
 
 def bytes_per_device(tree) -> int:
     """Bytes one device holds of an abstract tree (ShapeDtypeStructs with shardings; even splits)."""
@@ -233,306 +151,79 @@ def bytes_per_device(tree) -> int:
 
 
 @dataclasses.dataclass
-class Program:
-    name: str
-    argument: int
-    output: int
-    alias: int
-    temp: int
-    compile_s: float
-
-    @property
-    def peak(self) -> int:
-        """Bytes live while it runs: inputs, outputs not written in place of an input, scratch."""
-        return self.argument + self.output - self.alias + self.temp
-
-
-def _compile(name: str, lowered) -> Program:
-    t0 = time.perf_counter()
-    compiled = lowered.compile()
-    seconds = time.perf_counter() - t0
-    m = compiled.memory_analysis()
-    if m is None:  # a backend without the analysis: the program's own arrays are still counted
-        return Program(name, 0, 0, 0, 0, seconds)
-    return Program(name, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-                   m.temp_size_in_bytes, seconds)
-
-
-def weight_specs(params, train_specs, decode_specs) -> list[dict]:
-    """One row per distinct weight (layers folded into `layers.*`): name, shape, both PartitionSpecs."""
-    import jax
-
-    rows: dict[str, dict] = {}
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    for (path, leaf), train, decode in zip(flat, jax.tree.leaves(train_specs), jax.tree.leaves(decode_specs)):
-        keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-        keys = ["*" if k.isdigit() else k for k in keys if k != "value"]
-        name = ".".join(keys)
-        row = rows.setdefault(name, {"name": name, "shape": list(leaf.shape), "train": str(train),
-                                     "decode": str(decode), "count": 0})
-        row["count"] += 1
-    return list(rows.values())
-
-
-@dataclasses.dataclass
 class Abstract:
-    """The run's state as shapes and shardings: what `run_context.build` would allocate."""
+    """The run's state as shapes and shardings: what `run_context.build` allocates, built by the
+    same code (`trainable.build_training(abstract=True)`)."""
 
     graphdef: object
-    params: object  # ShapeDtypeStructs in the training layout (under LoRA the frozen base)
-    opt_state: object
-    ref: object | None  # None when grpo.beta == 0 (and under LoRA, whose reference is the base)
-    tx: object
+    training: object  # trainable.Training: the policy, optimizer and the trainer's step functions
+    state: object  # run_context.RunState of ShapeDtypeStructs: trainable params, opt_state, reference, base
     decode_shardings: object  # the sampler's layout (sharding.decode_param_shardings)
     separate_decode_copy: bool  # whether the sampler's weights are a second copy
-    adapters: object | None = None  # LoRA: what trains (and what opt_state is over)
-    lora: object | None = None  # LoRA: the lora.LoraSpec
     teacher: object | None = None  # on-policy distillation: (graphdef, frozen params), grpo_jax.training.teacher
+
+    @property
+    def params(self):
+        """The model's params in the training layout: what trains, or the frozen base adapters merge into."""
+        return self.state.params if self.state.base_params is None else self.state.base_params
+
+    @property
+    def adapters(self):
+        """What trains when it is not the model's params (adapters), else None."""
+        return None if self.state.base_params is None else self.state.params
 
 
 def abstract_state(config, model_config, mesh) -> Abstract:
-    """jax.eval_shape of the params, Adam state and reference, laid out as the trainer lays them."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from grpo_jax import model as model_lib
-    from grpo_jax.core import entropy_control
-    from grpo_jax.training import optim
+    """The run as `run_context.build` makes it, over `jax.eval_shape` params: the trainer's
+    policy, optimizer state, reference and step functions (`trainable.build_training`)."""
     from grpo_jax.distributed import sharding
-    from grpo_jax.training import step as step_lib
-
-    from grpo_jax.model import lora as lora_lib
+    from grpo_jax.training import run_context
     from grpo_jax.training import teacher as teacher_lib
+    from grpo_jax.training import trainable
 
-    g, seed, m = config.grpo, config.model.init_seed, config.model
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, seed)))
-    params = jax.eval_shape(lambda: nnx.split(model_lib.init_model(model_config, seed))[1])
-    params = _with_shardings(params, sharding.param_shardings(mesh, params))
-    tx, _ = optim.make_optimizer(config.optim, config.train.steps * g.num_iterations * g.num_minibatches)
-    tx = entropy_control.with_controller(tx, g)  # as the trainer's (run_context.build)
-    spec = lora_lib.LoraSpec.from_model_section(m)
-    if spec is not None:  # adapters train over a frozen base (run_context.lora_state)
-        if m.lora_base_dtype == "bfloat16":
-            params = _with_shardings(jax.eval_shape(lambda p: step_lib.as_dtype(p, jnp.bfloat16), params),
-                                     sharding.param_shardings(mesh, params))
-        adapters = jax.eval_shape(lambda p: lora_lib.init_adapters(p, spec.targets, spec.rank, jax.random.PRNGKey(0),
-                                                                   m.lora_init), params)
-        adapters = _with_shardings(adapters, sharding.param_shardings(mesh, adapters))
-        opt_state = jax.eval_shape(tx.init, adapters)
-        opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, adapters))
-        decode_sh = sharding.decode_param_shardings(mesh, params)
-        # The sampler decodes from a merged copy: always a second set of weights.
-        return Abstract(graphdef, params, opt_state, None, tx, decode_sh, True, adapters=adapters, lora=spec,
-                        teacher=teacher_lib.abstract_teacher(config, mesh, model_config.vocab_size))
-    opt_state = jax.eval_shape(tx.init, params)
-    opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, params))
-    ref = None
-    if g.beta > 0:
-        ref_dtype = jnp.bfloat16 if g.ref_dtype == "bfloat16" else jnp.float32
-        ref = _with_shardings(jax.eval_shape(lambda p: step_lib.as_dtype(p, ref_dtype), params),
-                              sharding.param_shardings(mesh, params))
-    decode_sh = sharding.decode_param_shardings(mesh, params)
+    graphdef, params = run_context.abstract_model(model_config, mesh, config.model.init_seed)
+    tr = trainable.build_training(config, mesh, model_config, graphdef, params, abstract=True)
+    # The state GRPO's steps run with, as run_state.initial_state makes it (after the SFT warm-up).
+    fresh = run_context.RunState(step=0, data_position=0, params=tr.params, opt_state=tr.opt_state,
+                                 ref_params=None, base_params=tr.base)
+    state = tr.policy.after_warm_up(fresh, tr.policy.warm_up_params(fresh), mesh=mesh, abstract=True,
+                                    ref_dtype=run_context.reference_dtype(config), uses_reference=config.grpo.beta > 0,
+                                    warmed_up=config.sft.steps > 0)
+    model = state.params if state.base_params is None else state.base_params
     # jax.device_put into an equivalent layout moves nothing (fsdp=1: the two layouts coincide).
-    separate = sharding.decode_copy_is_separate(mesh, params)
-    return Abstract(graphdef, params, opt_state, ref, tx, decode_sh, separate,
+    return Abstract(graphdef, tr, state, sharding.decode_param_shardings(mesh, model),
+                    tr.policy.sampler_copy_is_separate(mesh, model),
                     teacher=teacher_lib.abstract_teacher(config, mesh, model_config.vocab_size))
 
 
-def target_slots(config, rows: int, row_devices: int) -> int:
-    """The continuous engine's slots per device on the backend the config is for (an accelerator
-    where its mesh, dtype or checkpoint say so), not on the CPU that `check` compiles with."""
-    from grpo_jax.sampling import sampler as sampler_lib
-    from grpo_jax.distributed.platform_check import accelerator_expected
-
-    backend = "accelerator" if accelerator_expected(config) else "cpu"
-    return sampler_lib.slots_per_device(rows, row_devices, config.sampling.decode_slots, backend=backend)
-
-
-def decode_copy(st: Abstract, model_config):
-    """The sampler's weights as `sharding.decode_params` makes them: in the compute dtype where
-    they are a separate copy, else the params themselves."""
-    import jax
-    import jax.numpy as jnp
-
-    from grpo_jax.model.config import DTYPES
-
-    dtype = DTYPES[model_config.dtype] if st.separate_decode_copy else None
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
-        x.shape, dtype if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=s),
-        st.params, st.decode_shardings)
-
-
-def merged_policy(st: Abstract):
-    """LoRA: the merged policy params (what the pi_old pass and the sampler read), training layout."""
-    import jax
-
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, st.lora.merge_dtype, sharding=x.sharding), st.params)
-
-
-def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: int, stop_ids, pad_id
-                     ) -> dict[str, Program]:
-    """The rollout's prefill and decode, the log-prob pass(es) the config runs, and the update,
-    lowered on abstract arguments with the trainer's shardings and compiled."""
-    import types
-
-    import jax
-    import jax.numpy as jnp
-
-    from grpo_jax.training import run_context
-    from grpo_jax.distributed import sharding
-    from grpo_jax.sampling import sampler as sampler_lib
-    from grpo_jax.training import step as step_lib
-    from grpo_jax.model import remat
-
-    g, s_cfg = config.grpo, config.sampling
-    c = s_cfg.max_new_tokens
-    seq, rows = prompt_len + c, g.prompts_per_step * g.num_generations
-    rows_per_micro, row_devices = rows // (g.num_minibatches * g.grad_accum_steps), sharding.batch_size_multiple(mesh)
-    rows_sh, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    i32, f32 = jnp.int32, jnp.float32
-
-    def arr(shape, dtype, sh=rows_sh):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-
-    programs = {}
-    # Rollout: the trainer's sampler (run_context.build_sampler) and its prefill/decode pair for this
-    # size, params in the decode layout as Sampler._prepare lays them out (one part: no thread split).
-    stop = types.SimpleNamespace(eos_ids=tuple(stop_ids), eos_id=stop_ids[0], pad_id=pad_id)
-    smp = run_context.build_sampler(config, st.graphdef, model_config, stop, mesh)
-    smp._param_shardings = st.decode_shardings
-    if smp.engine == "continuous" and not smp.decode_slots:  # the target accelerator's auto slots
-        smp.decode_slots = target_slots(config, rows, row_devices) * row_devices
-    sampling = sampler_lib.SamplingConfig(max_new_tokens=c, temperature=s_cfg.temperature, top_k=s_cfg.top_k,
-                                          top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
-    m_rows = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices)
-    prefill_fn, decode_fn = smp._functions(prompt_len, m_rows, rows, sampling, None)
-    decode_params = decode_copy(st, model_config)
-    prefill = prefill_fn.lower(decode_params, arr((m_rows, prompt_len), i32), arr((m_rows, prompt_len), i32))
-    programs["prefill"] = _compile("prefill", prefill)
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefill.out_info[0])
-    programs["decode"] = _compile("decode", decode_fn.lower(decode_params, state, arr((2,), jnp.uint32, whole),
-                                                            arr((), i32, whole)))
-
-    update_group, logprob_group = step_lib.prompt_groups(g, rows_per_micro, row_devices)
-    logprob_fn = step_lib.make_logprob_fn(st.graphdef, s_cfg.temperature, mesh=mesh, params=st.params,
-                                          group_size=logprob_group,
-                                          row_chunks=step_lib.logprob_row_chunks(g, row_devices, logprob_group))
-    tokens, attention = arr((rows, seq), i32), arr((rows, seq), i32)
-    reference = st.ref if st.lora is None else (st.params if g.beta > 0 else None)
-    if reference is not None:
-        programs["logprobs_ref"] = _compile("logprobs_ref", logprob_fn.jitted.lower(reference, tokens, attention, c))
-    if g.resolved_old_logprobs() == "recompute":
-        policy = st.params if st.lora is None else merged_policy(st)
-        programs["logprobs_policy"] = _compile("logprobs_policy",
-                                               logprob_fn.jitted.lower(policy, tokens, attention, c))
-
-    trainable, frozen = (st.params, ()) if st.lora is None else (st.adapters, (st.params,))
-    update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group, lora=st.lora),
-        mesh, trainable, st.opt_state, frozen=frozen[0] if frozen else None,
-        compiler_options=remat.backward_compiler_options(model_config))
-    a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
-    per_token = arr((a, rows_per_micro, c), f32, mb_sh)
-    batch = step_lib.UpdateBatch(
-        tokens=arr((a, rows_per_micro, seq), i32, mb_sh), attention=arr((a, rows_per_micro, seq), i32, mb_sh),
-        completion_mask=arr((a, rows_per_micro, c), i32, mb_sh), advantages=arr((a, rows_per_micro), f32, mb_sh),
-        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
-        ref_logp=per_token if st.ref is not None else None, **teacher_fields(g, (a, rows_per_micro, c), mb_sh))
-    programs["update"] = _compile("update", update_fn.lower(trainable, st.opt_state, batch, *frozen))
-    if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)
-        from grpo_jax.training import teacher as teacher_lib
-
-        t_graphdef, t_params = st.teacher
-        pass_fn = teacher_lib.make_pass_fn(t_graphdef, s_cfg.temperature, g.loss_top_k, mesh=mesh, params=t_params,
-                                           vocab=model_config.vocab_size)
-        programs["logprobs_teacher"] = _compile("logprobs_teacher", _lower_teacher(pass_fn, t_params, tokens,
-                                                                                   attention, c))
-    return programs
-
-
-def teacher_fields(g, shape, sharding_) -> dict:
-    """UpdateBatch's teacher arrays as ShapeDtypeStructs of `shape` ([A, M, C]) plus [K] for top-k."""
-    import jax
-    import jax.numpy as jnp
-
-    if not g.teacher_model_name_or_path:
-        return {}
-    if g.loss_top_k == 0:
-        return {"teacher_logp": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding_)}
-    topk = shape + (g.loss_top_k,)
-    return {"teacher_topk_logp": jax.ShapeDtypeStruct(topk, jnp.float32, sharding=sharding_),
-            "teacher_topk_ids": jax.ShapeDtypeStruct(topk, jnp.int32, sharding=sharding_)}
-
-
-def _lower_teacher(pass_fn, params, tokens, attention, c):
-    """The teacher pass lowered: `make_logprob_fn`'s (k = 0) exposes `.jitted`; the top-k pass is a MeshJit."""
-    inner = getattr(pass_fn, "logprob_fn", None)
-    if inner is not None:
-        return inner.jitted.lower(params, tokens, attention, c)
-    return pass_fn.lower(params, tokens, attention, c)
-
-
-def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_decode_copy: bool
-                ) -> dict[str, tuple[dict[str, int], Program]]:
-    """phase -> (arrays alive meanwhile that the program does not take, the program in use)."""
-    lora = sizes["adapters"] > 0  # then "params" is the frozen base, which is also the reference
-    rollout = {"opt_state": sizes["opt_state"], "reference": sizes["reference"], "adapters": sizes["adapters"]}
-    if separate_decode_copy:  # the training-layout params stay; the decode copy is an argument
-        rollout["params"] = sizes["params"]
-    phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
-    # The reference pass reads the base under LoRA; the pi_old pass reads a merged copy beside it.
-    for name, others in (("logprobs_ref", {"params": 0 if lora else sizes["params"]}),
-                         ("logprobs_policy", {"reference": sizes["reference"],
-                                              "params": sizes["params"] if lora else 0})):
-        if name in programs:
-            phases[name] = ({**others, "adapters": sizes["adapters"], "opt_state": sizes["opt_state"],
-                             "step_rows": sizes["step_rows"]}, programs[name])
-    phases["update"] = ({"reference": sizes["reference"], "step_rows": sizes["step_rows"]}, programs["update"])
-    if "logprobs_teacher" in programs:  # beside it: everything but the teacher, its argument
-        phases["logprobs_teacher"] = ({"params": sizes["params"], "adapters": sizes["adapters"],
-                                       "opt_state": sizes["opt_state"], "reference": sizes["reference"],
-                                       "step_rows": sizes["step_rows"]}, programs["logprobs_teacher"])
-    for name, (resident, _) in phases.items():  # the frozen teacher stays on the devices throughout
-        if name != "logprobs_teacher":
-            resident["teacher"] = sizes.get("teacher", 0)
-    return phases
-
-
-def check(config, *, devices: int | None = None, model_shape: str | None = None,
-          prompt_tokens: int = 512, compile_programs: bool = True, memory_per_device: int | None = None) -> dict:
-    """The figures `check` prints, as a JSON-able dict (bytes are per device). ConfigError on a bad config."""
+def _trainer_mesh(config, devices: int | None):
+    """(mesh, the sampler's own devices, every device here): the trainer's refusals and device
+    split (mesh.rollout_devices), with train's words, on the first `devices` devices."""
     import jax
 
     from grpo_jax import config as config_lib
-    from grpo_jax.model import lora as lora_lib
     from grpo_jax.training import run_context
-    from grpo_jax.distributed import sharding
-    from grpo_jax.sampling import sampler as sampler_lib
 
-    g, c = config.grpo, config.sampling.max_new_tokens
-    model_config, source, stop_ids, pad_id = resolve_shape(config, model_shape)
-    if model_config.num_layers > _MANY_LAYERS:  # not silent for minutes: say what is slow and why
-        logging.getLogger("grpo_jax").warning(
-            "check: %d layers (from %s): the abstract build takes ~0.07 s a layer on a CPU, and compiling the "
-            "programs much longer, so this check runs for minutes; --no-compile gives the state figures sooner",
-            model_config.num_layers, source)
     all_devices = jax.devices()
     n = devices or len(all_devices)
     if n > len(all_devices):
         raise config_lib.ConfigError(f"--devices={n} but this process has {len(all_devices)} devices")
-    # The trainer's own refusals and device split (mesh.rollout_devices), with train's words.
     _, rollout_devices = run_context.split_devices(config, all_devices[:n])
     mesh = run_context.configured_mesh(config, all_devices[:n])
     run_context.check_batch_fits_mesh(config, mesh)
-    try:
-        prompt_len = sampler_lib.bucket_length(prompt_tokens, run_context.PROMPT_BUCKETS)
-    except ValueError as e:
-        raise config_lib.ConfigError(f"--prompt-tokens={prompt_tokens}: {e}") from None
-    seq, rows = prompt_len + c, g.prompts_per_step * g.num_generations
-    local_rows = rows // sharding.batch_size_multiple(mesh)
+    return mesh, rollout_devices, all_devices[:n]
 
-    st = abstract_state(config, model_config, mesh)
+
+def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: int) -> dict[str, int]:
+    """Bytes per device of the state, the KV cache, the sampler's weights and the step's rows."""
+    from grpo_jax.cli import check_programs
+    from grpo_jax.distributed import sharding
+    from grpo_jax.sampling import sampler as sampler_lib
+    from grpo_jax.training.batch_plan import BatchPlan
+
+    g, c = config.grpo, config.sampling.max_new_tokens
+    plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
+    seq = prompt_len + c
     tensor, kv_heads = mesh.shape["tensor"], model_config.num_kv_heads
     kv_local = kv_heads // tensor if kv_heads % tensor == 0 else kv_heads  # the cache's heads follow k_proj
     act_bytes = 2 if model_config.dtype == "bfloat16" else 4
@@ -542,32 +233,55 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     if g.teacher_model_name_or_path:  # the teacher's log-probs [C], or top-k log-probs and ids [C, K]
         per_row += 4 * c * (1 if g.loss_top_k == 0 else 2 * g.loss_top_k)
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
-    cache_tokens = local_rows * seq
+    cache_tokens = plan.rows_per_device * seq
     if config.sampling.resolved_engine() == "continuous":  # its slots, plus the prompt store
-        row_devices = sharding.batch_size_multiple(mesh)
-        m_local = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices) // row_devices
-        slots = target_slots(config, rows, row_devices)
+        m_local = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, plan.row_devices) // plan.row_devices
+        slots = check_programs.target_slots(config, plan.rows, plan.row_devices)
         cache_tokens = slots * seq + m_local * prompt_len
-    trainable = st.params if st.lora is None else st.adapters
-    sizes = {
+    return {
         "params": bytes_per_device(st.params),
-        "adapters": bytes_per_device(st.adapters) if st.lora is not None else 0,
-        "opt_state": bytes_per_device(st.opt_state),
-        "reference": bytes_per_device(st.ref) if st.ref is not None else 0,
+        "adapters": bytes_per_device(st.adapters) if st.adapters is not None else 0,
+        "opt_state": bytes_per_device(st.state.opt_state),
+        "reference": bytes_per_device(st.state.ref_params) if st.state.ref_params is not None else 0,
         "teacher": bytes_per_device(st.teacher[1]) if st.teacher is not None else 0,
-        "gradients": bytes_per_device(trainable),  # float32 in the trainable's layout, inside the update's temp
+        # float32 in the trainable's layout, inside the update's temp
+        "gradients": bytes_per_device(st.state.params),
         "kv_cache": cache_tokens * kv_per_token,
-        "decode_weights": bytes_per_device(decode_copy(st, model_config))
+        "decode_weights": bytes_per_device(check_programs.decode_copy(st, model_config))
         if st.separate_decode_copy else 0,
-        "step_rows": local_rows * per_row,
+        "step_rows": plan.rows_per_device * per_row,
     }
-    state = sizes["params"] + sizes["adapters"] + sizes["opt_state"] + sizes["reference"] + sizes["teacher"]
 
+
+def check(config, *, devices: int | None = None, model_shape: str | None = None,
+          prompt_tokens: int = 512, compile_programs: bool = True, memory_per_device: int | None = None) -> dict:
+    """The figures `check` prints, as a JSON-able dict (bytes are per device). ConfigError on a bad config."""
+    import jax
+
+    from grpo_jax import config as config_lib
+    from grpo_jax.cli import check_programs
+    from grpo_jax.sampling import sampler as sampler_lib
+    from grpo_jax.training import run_context
+
+    model_config, source, stop_ids, pad_id = resolve_shape(config, model_shape)
+    if model_config.num_layers > _MANY_LAYERS:  # not silent for minutes: say what is slow and why
+        logging.getLogger("grpo_jax").warning(
+            "check: %d layers (from %s): the abstract build takes ~0.07 s a layer on a CPU, and compiling the "
+            "programs much longer, so this check runs for minutes; --no-compile gives the state figures sooner",
+            model_config.num_layers, source)
+    mesh, rollout_devices, devices_used = _trainer_mesh(config, devices)
+    try:
+        prompt_len = sampler_lib.bucket_length(prompt_tokens, run_context.PROMPT_BUCKETS)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"--prompt-tokens={prompt_tokens}: {e}") from None
+    st = abstract_state(config, model_config, mesh)
+    sizes = per_device_sizes(config, model_config, mesh, st, prompt_len=prompt_len)
+    state = sizes["params"] + sizes["adapters"] + sizes["opt_state"] + sizes["reference"] + sizes["teacher"]
     programs = {}
     if compile_programs:
-        programs = compiled_programs(config, model_config, mesh, st, prompt_len=prompt_len,
-                                     stop_ids=stop_ids, pad_id=pad_id)
-        phases = phase_peaks(sizes, programs, st.separate_decode_copy)
+        programs = check_programs.compiled_programs(config, model_config, mesh, st, prompt_len=prompt_len,
+                                                    stop_ids=stop_ids, pad_id=pad_id)
+        phases = check_programs.phase_peaks(sizes, programs, st.separate_decode_copy)
         phase_bytes = {name: sum(res.values()) + prog.peak for name, (res, prog) in phases.items()}
         peak_name = max(phase_bytes, key=phase_bytes.get)
         res, prog = phases[peak_name]
@@ -578,32 +292,52 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         peak_name = max(phase_bytes, key=phase_bytes.get)
         parts = "state, sampler copy and KV cache or gradients; no program compiled (--no-compile)"
     if memory_per_device is None and jax.default_backend() != "cpu":
-        memory_per_device = (all_devices[0].memory_stats() or {}).get("bytes_limit")
-    peak = phase_bytes[peak_name]
+        memory_per_device = (devices_used[0].memory_stats() or {}).get("bytes_limit")
+    peak = {"phase": peak_name, "bytes": phase_bytes[peak_name], "parts": parts}
+    return _figures(config, model_config, mesh, st, source=source, devices=devices_used,
+                    rollout_devices=rollout_devices, prompt_len=prompt_len, sizes=sizes, state_bytes=state,
+                    programs=programs, phase_bytes=phase_bytes, peak=peak, memory_per_device=memory_per_device)
+
+
+def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollout_devices, prompt_len, sizes,
+             state_bytes, programs, phase_bytes, peak, memory_per_device) -> dict:
+    """`check`'s figures dict from its parts (module docstring: what each one counts)."""
+    import jax
+
+    from grpo_jax.distributed import sharding
+    from grpo_jax.training import policy as policy_lib
+    from grpo_jax.training.batch_plan import BatchPlan
+
+    g, c = config.grpo, config.sampling.max_new_tokens
+    plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
+    act_bytes = 2 if model_config.dtype == "bfloat16" else 4
+    trainable = st.state.params
     return {
         "backend": jax.default_backend(),
-        "device_kind": all_devices[0].device_kind,
-        "devices": n,
+        "device_kind": devices[0].device_kind,
+        "devices": len(devices),
         "mesh": dict(mesh.shape),
-        "rollout_devices": _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes),
+        "rollout_devices": _rollout_figures(config, st, rollout_devices, plan.rows, prompt_len + c,
+                                            model_config.num_kv_heads, model_config, act_bytes),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
-                  "trainable_params": lora_lib.count(trainable),
+                  "trainable_params": policy_lib.trainable_count(trainable),
                   "lora_r": config.model.lora_r,
                   "num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
-                  "num_heads": model_config.num_heads, "num_kv_heads": kv_heads, "vocab_size": model_config.vocab_size,
-                  "dtype": model_config.dtype, "param_dtype": model_config.param_dtype},
-        "rollout": {"rows": rows, "prompt_tokens": prompt_len, "new_tokens": c, "rows_per_device": local_rows,
-                    "update_rows_per_micro_batch": rows // (g.num_minibatches * g.grad_accum_steps),
-                    "micro_batches": g.grad_accum_steps},
+                  "num_heads": model_config.num_heads, "num_kv_heads": model_config.num_kv_heads,
+                  "vocab_size": model_config.vocab_size, "dtype": model_config.dtype,
+                  "param_dtype": model_config.param_dtype},
+        "rollout": {"rows": plan.rows, "prompt_tokens": prompt_len, "new_tokens": c,
+                    "rows_per_device": plan.rows_per_device, "update_rows_per_micro_batch": plan.rows_per_micro_batch,
+                    "micro_batches": plan.micro_batches},
         "per_device_bytes": sizes,
-        "state_bytes": state + sizes["gradients"],
+        "state_bytes": state_bytes + sizes["gradients"],
         # What training adds to the weights: the trainable params, their gradients and Adam state.
         "trainable_state_bytes": bytes_per_device(trainable) + sizes["opt_state"] + sizes["gradients"],
         "programs": {k: {**dataclasses.asdict(p), "peak": p.peak} for k, p in programs.items()},
         "phases": phase_bytes,
-        "peak": {"phase": peak_name, "bytes": peak, "parts": parts},
+        "peak": peak,
         "memory_per_device": memory_per_device,
-        "fits": None if memory_per_device is None else peak <= memory_per_device,
+        "fits": None if memory_per_device is None else peak["bytes"] <= memory_per_device,
         "weights": weight_specs(st.params, sharding.param_specs(mesh, st.params),
                                 sharding.param_specs(mesh, st.params, decode=True)),
     }
@@ -618,64 +352,10 @@ def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_con
     if not rollout_devices:
         return None
     r = len(rollout_devices)
-    weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # LoRA: the merged policy, same shapes
+    weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # adapters: the merged policy, same shapes
     kv = (rows // r) * seq * model_config.num_layers * 2 * kv_heads * model_config.head_dim * act_bytes
     return {"devices": r, "rows_per_device": rows // r,
             "snapshot_bytes_per_device": weights * config.train.max_staleness, "kv_cache_bytes_per_device": kv}
-
-
-# ----------------------------------------------------------------------------------------------
-# Printing.
-
-def format_report(f: dict) -> str:
-    m, r, b = f["model"], f["rollout"], f["per_device_bytes"]
-    mesh = " ".join(f"{k}={v}" for k, v in f["mesh"].items())
-    split = f.get("rollout_devices")
-    where = "" if not split else (
-        f"; rollouts on {split['devices']} more device(s) of their own (mesh.rollout_devices): "
-        f"{split['rows_per_device']} rows each, {gib(split['snapshot_bytes_per_device'])} of policy snapshots "
-        f"+ {gib(split['kv_cache_bytes_per_device'])} KV cache per device")
-    trainer = f["devices"] - (split["devices"] if split else 0)
-    lines = [f"check {f.get('config_file', '')}: {f['devices']} {f['backend']} device(s) ({f['device_kind']}), "
-             f"mesh {mesh}" + (f" over the trainer's {trainer}" if split else "") + where,
-             f"model: {count(m['num_params'])} params from {m['source']} ({m['num_layers']} layers, "
-             f"d={m['hidden_size']}, {m['num_heads']}/{m['num_kv_heads']} heads, vocab {m['vocab_size']}, "
-             f"compute {m['dtype']})",
-             f"rollout: {r['rows']} rows ({r['rows_per_device']} per device) x ({r['prompt_tokens']} prompt + "
-             f"{r['new_tokens']} new tokens); update: {r['micro_batches']} micro-batch(es) of "
-             f"{r['update_rows_per_micro_batch']} rows", "",
-             "per device                      bytes          GiB"]
-    frozen = m.get("lora_r", 0) > 0
-    labels = {"params": "frozen base (LoRA)" if frozen else "params (fp32 masters)",
-              "adapters": f"LoRA adapters (r={m.get('lora_r')})", "opt_state": "Adam state", "reference": "reference",
-              "teacher": "teacher (distillation)",
-              "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
-              "decode_weights": "sampler weights copy", "step_rows": "step's row arrays"}
-    lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items()
-              if (k != "adapters" or frozen) and (k != "teacher" or v)]
-    state_label = "params+Adam+ref+teacher+grads" if b.get("teacher") else "params+Adam+ref+grads"
-    lines.append(f"  {state_label:<28}{f['state_bytes']:>14,} {f['state_bytes'] / 2**30:>9.3f}")
-    lines.append(f"  {'trainable (+Adam, grads)':<28}{f['trainable_state_bytes']:>14,} "
-                 f"{f['trainable_state_bytes'] / 2**30:>9.3f}   ({count(m['trainable_params'])} params train)")
-    if f["programs"]:
-        lines += ["", "compiled programs (per device)   argument     output      alias       temp   "
-                      "in use   compile"]
-        for name, p in f["programs"].items():
-            lines.append(f"  {name:<28}" + "".join(f"{gib(p[k]):>11}" for k in ("argument", "output", "alias",
-                                                                                 "temp", "peak"))
-                         + f"  {p['compile_s']:6.1f} s")
-    lines += ["", "phase peaks (resident state + program in use)" if f["programs"] else
-              "phase lower bounds (no program compiled)"]
-    lines += [f"  {name:<28}{gib(v):>11}" for name, v in f["phases"].items()]
-    lines += ["", "weights                   shape              count  training layout            | sampler layout"]
-    for w in f["weights"]:
-        lines.append(f"  {w['name']:<24}{w['shape']!s:<19}{w['count']:>5}  {w['train']:<27}| {w['decode']}")
-    p, limit = f["peak"], f["memory_per_device"]
-    verdict = "no limit given" if limit is None else (
-        f"fits {gib(limit)}" if f["fits"] else f"EXCEEDS {gib(limit)}")
-    lines += ["", f"summary: {count(m['num_params'])} params on {f['devices']} devices ({mesh}): peak "
-                  f"{gib(p['bytes'])} per device in the {p['phase']} phase; {verdict}"]
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -99,8 +99,8 @@ class RolloutWorker:
     def __init__(self, ctx: RunContext, snapshots: Snapshots, *, first_step: int, last_step: int,
                  data_position: int, max_staleness: int, should_stop=lambda: False):
         # The rollout thread's context: the placement's sampler (its own devices when split).
-        # Its params are the snapshots: full params already (LoRA's merged in by the trainer).
-        self._ctx = dataclasses.replace(ctx, sampler=ctx.rollout.sampler, lora=None)
+        # Its params are the snapshots: full params already (adapters merged in by the trainer).
+        self._ctx = dataclasses.replace(ctx, sampler=ctx.rollout.sampler, policy=ctx.policy.for_snapshots())
         self._snapshots, self._k = snapshots, max_staleness
         self._first, self._last, self._position = first_step, last_step, data_position
         self._out: queue.Queue = queue.Queue()

@@ -53,6 +53,7 @@ import numpy as np
 from grpo_jax.core import losses
 from grpo_jax.distributed import sharding
 from grpo_jax.training import step as step_lib
+from grpo_jax.training.batch_plan import BatchPlan
 
 LADDER_FRACTIONS = (1, 3 / 4, 1 / 2, 3 / 8, 1 / 4, 3 / 16, 1 / 8, 3 / 32, 1 / 16, 3 / 64, 1 / 32)
 CHUNK_ROWS = 8
@@ -160,19 +161,20 @@ class Bucketing:
 
 
 def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, params, opt_state,
-                   update_group: int, logprob_group: int, lora=None, frozen=None,
+                   update_group: int, logprob_group: int, model_params_fn=None, frozen=None,
                    compiler_options: dict | None = None) -> Bucketing | None:
-    """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh. With `lora`,
-    `params` are the adapters and `frozen` the base (the log-prob pass runs on full params)."""
+    """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh. With a
+    `frozen` tree, `params` are what trains, merged into it by `model_params_fn` (the policy's
+    adapters over their base: `grpo_jax.training.policy`); the log-prob pass runs on full params."""
     if mode == "off":
         return None
-    rows_per_minibatch = grpo.prompts_per_step * grpo.num_generations // grpo.num_minibatches
     multiple = sharding.batch_size_multiple(mesh)
+    plan = BatchPlan.of(grpo, multiple)
     return Bucketing(
         mode=mode,
-        rows=chunk_rows(rows_per_minibatch, rows_per_minibatch // grpo.grad_accum_steps, multiple),
+        rows=chunk_rows(plan.rows_per_minibatch, plan.rows_per_micro_batch, multiple),
         update=step_lib.make_chunked_update(graphdef, tx, grpo, temperature, mesh=mesh, params=params,
-                                            opt_state=opt_state, lora=lora, frozen=frozen,
+                                            opt_state=opt_state, model_params_fn=model_params_fn, frozen=frozen,
                                             compiler_options=compiler_options),
         logprob_fn=step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh,
                                             params=params if frozen is None else frozen),
@@ -239,7 +241,8 @@ def update(fns: step_lib.ChunkedUpdate, params, opt_state, full: step_lib.Update
            aggregation: str, mesh, frozen=None):
     """One optimizer update over the rows of `chunks` (`full`: the step's UpdateBatch of global
     arrays [B, ...], no [A] axis): (params, opt_state, metrics) as `step.make_update_fn` gives
-    for the same rows. The normaliser is the update's whole set of rows'. `frozen`: LoRA's base."""
+    for the same rows. The normaliser is the update's whole set of rows'. `frozen`: the policy's
+    frozen base, if it has one (`Policy.update_extra_args`)."""
     num_targets = full.completion_mask.shape[1]
     normalizer = _normalizer_fn(mesh, aggregation)(full.completion_mask, np.concatenate([c.rows for c in chunks]))
     grads = fns.zeros(params)

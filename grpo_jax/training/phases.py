@@ -305,7 +305,7 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
     prompt_len = rows["tokens"].shape[1] - num_targets
     per_minibatch = n_rows // g.num_minibatches
     params, opt_state = state.params, state.opt_state
-    frozen = () if state.base_params is None else (state.base_params,)  # LoRA: the base the adapters merge into
+    frozen = ctx.policy.update_extra_args(state)  # the frozen base adapters merge into, if any
     metrics = []
     for iteration in range(g.num_iterations):
         # Minibatches draw rows in a random order (as TRL); host numpy, so every process agrees

@@ -14,12 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import config as config_lib
-from grpo_jax.core import entropy_control
-from grpo_jax.training import length_buckets
-from grpo_jax.model import lora as lora_lib
+from grpo_jax.training import policy as policy_lib
+from grpo_jax.training.batch_plan import BatchPlan
 from grpo_jax import model as model_lib
-from grpo_jax.model import remat as remat_lib
-from grpo_jax.training import optim
+from grpo_jax.training import trainable
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.io import run_paths
 from grpo_jax.distributed import sharding
@@ -52,8 +50,8 @@ class RunState:
     # Asynchronous rollouts (train.max_staleness = k): the k params snapshots the next k steps'
     # rollouts sample from, slot j for step `step + 1 + j` (grpo_jax.training.async_rollouts); () otherwise.
     rollout_params: tuple = ()
-    # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
-    # into, which is also the reference. None otherwise.
+    # Adapters (grpo_jax.training.policy): `params` are the adapters and this is the frozen base
+    # they merge into, which is also the reference. None under full fine-tuning.
     base_params: Any | None = None
     # The diagnostics' window restored from a checkpoint (`Diagnostics.state_dict`), else None.
     diagnostics: dict | None = None
@@ -98,8 +96,8 @@ class RunContext:
     eval_examples: list[dict]
     pool: Any  # rewards.VerifierPool or None
     rollout: RolloutPlacement | None = None  # train.max_staleness > 0
-    lora: lora_lib.LoraSpec | None = None  # model.lora_r > 0
-    merge_fn: Any = None  # LoRA: jitted (adapters, base) -> full params, training layout
+    # What trains, what the sampler and the reference read (full fine-tuning or adapters).
+    policy: policy_lib.Policy = policy_lib.Policy()
     # On-policy distillation (grpo.teacher_model_name_or_path): the frozen teacher (grpo_jax.training.teacher),
     # here and not in RunState: never trained, never checkpointed, read from its path again on resume.
     teacher: Any = None
@@ -109,22 +107,20 @@ class RunContext:
         return self.config.grpo.beta > 0
 
     def policy_params(self, state: RunState):
-        """The policy's full params (for the sampler, evaluation, pi_old passes and export): what
-        trains, or under LoRA the base with the adapters merged in."""
-        return state.params if self.lora is None else self.merge_fn(state.params, state.base_params)
+        """The policy's full params (for the sampler, evaluation, pi_old passes and export)."""
+        return self.policy.full_params(state)
 
     def reference_params(self, state: RunState):
-        """The reference policy's params: the frozen copy, or under LoRA the base itself."""
-        return state.ref_params if self.lora is None else state.base_params
+        """The reference policy's params (`Policy.reference`)."""
+        return self.policy.reference(state)
 
     @property
     def ref_dtype(self):
-        return jnp.bfloat16 if self.config.grpo.ref_dtype == "bfloat16" else jnp.float32
+        return reference_dtype(self.config)
 
     @property
     def updates_per_step(self) -> int:
-        g = self.config.grpo
-        return g.num_iterations * g.num_minibatches
+        return BatchPlan.of(self.config.grpo).updates_per_step
 
     def step_key(self, step: int) -> jax.Array:
         return jax.random.fold_in(self.base_key, step)
@@ -158,6 +154,22 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
     log_attention(model_config)
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
+
+
+def abstract_model(model_config: model_lib.ModelConfig, mesh, seed: int) -> tuple[Any, Any]:
+    """(graphdef, params) of a fresh model as `build_model` lays it out, as ShapeDtypeStructs with
+    their shardings (`jax.eval_shape`: no weight allocated); `check` builds the run from these."""
+    from flax import nnx
+
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: model_lib.init_model(model_config, seed)))
+    params = jax.eval_shape(lambda: nnx.split(model_lib.init_model(model_config, seed))[1])
+    return graphdef, jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                                  sharding.param_shardings(mesh, params))
+
+
+def reference_dtype(config: config_lib.Config):
+    """The frozen reference's dtype (`grpo.ref_dtype`)."""
+    return jnp.bfloat16 if config.grpo.ref_dtype == "bfloat16" else jnp.float32
 
 
 def log_attention(model_config: model_lib.ModelConfig) -> None:
@@ -234,7 +246,7 @@ def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
     """Row counts that must split over the devices (and processes), as ConfigErrors naming the fields."""
     g = config.grpo
     multiple = sharding.batch_size_multiple(mesh)
-    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
+    rows_per_micro = BatchPlan.of(g, multiple).rows_per_micro_batch
     if rows_per_micro % multiple:
         raise config_lib.ConfigError(
             f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
@@ -348,66 +360,10 @@ def rollout_placement(config: config_lib.Config, graphdef, model_config, tokeniz
                             param_shardings=sharding.param_shardings(rollout_mesh, params))
 
 
-def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
-                   lora=None, frozen=None, model_config=None):
-    """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
-    prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
-    passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). With `lora`,
-    `params` are the adapters, `frozen` the base, and the update takes the base last. `model_config`:
-    for the compiler options its remat policy needs (`model.remat.backward_compiler_options`)."""
-    options = remat_lib.backward_compiler_options(model_config)
-    rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
-    update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
-    update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora), mesh, params,
-        opt_state, frozen=frozen, compiler_options=options,
-    )
-    model_params = params if frozen is None else frozen
-    logprob_fn = step_lib.make_logprob_fn(
-        graphdef, temperature, mesh=mesh, params=model_params, group_size=logprob_group,
-        row_chunks=step_lib.logprob_row_chunks(g_cfg, sharding.batch_size_multiple(mesh), logprob_group))
-    # The teacher's pass runs over whole rows, not length buckets (config validation refuses "on"); the
-    # adaptive entropy controller lives in opt_state, which only the unbucketed update reads.
-    bucket_mode = "off" if g_cfg.teacher_model_name_or_path or g_cfg.use_adaptive_entropy else g_cfg.bucket_by_length
-    bucketing = length_buckets.make_bucketing(
-        bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
-        update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
-        compiler_options=options,
-    )
-    return update_fn, logprob_fn, bucketing
-
-
-def lora_base_dtype(config: config_lib.Config, mesh, base):
-    """LoRA's frozen base in `model.lora_base_dtype` (float32 leaves it as it is)."""
-    if config.model.lora_base_dtype != "bfloat16":
-        return base
-    return sharding.put_sharded(step_lib.as_dtype(base, jnp.bfloat16), sharding.param_shardings(mesh, base))
-
-
-def lora_state(config: config_lib.Config, mesh, base) -> tuple[lora_lib.LoraSpec, Any, Any, Any]:
-    """LoRA's (spec, adapters, base, merge_fn): fresh adapters (B = 0) in their training layout,
-    the base cast to `model.lora_base_dtype`, and the jitted merge into the base's layout."""
-    m = config.model
-    spec = lora_lib.LoraSpec.from_model_section(m)
-    if config.sft.steps == 0:  # (after an SFT warm-up instead, which trains float32 weights: run_state)
-        base = lora_base_dtype(config, mesh, base)
-    # Born in their shardings from the base's shapes alone (one jitted init: no host copy, and every
-    # process of a multi-process mesh computes only its own shards).
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
-
-    def init():
-        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), m.lora_init)
-
-    adapters = jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init)))()
-    merged_layout = sharding.param_shardings(mesh, base)
-    merge_fn = sharding.MeshJit(jax.jit(spec.model_params, out_shardings=merged_layout), mesh)
-    return spec, adapters, base, merge_fn
-
-
 def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunContext, RunState]:
     """(every fixed part of a run, its freshly initialised state) from `config`; `task` and
     `tokenizer` replace the configured ones."""
-    t_cfg, g_cfg, s_cfg, e_cfg = config.train, config.grpo, config.sampling, config.eval
+    t_cfg, s_cfg, e_cfg = config.train, config.sampling, config.eval
     tokenizer = tokenizer or configured_tokenizer(config)
     task = with_configured_rewards(config, task) if task is not None else configured_task(config)
     # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
@@ -431,16 +387,8 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
     teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
-    # What trains: every weight, or (LoRA) adapters over a frozen base.
-    spec = base = merge_fn = None
-    if config.model.lora_r:
-        spec, params, base, merge_fn = lora_state(config, mesh, params)
-    tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
-    tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
-    opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
-    update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
-                                                      params=params, opt_state=opt_state, lora=spec, frozen=base,
-                                                      model_config=model_config)
+    # What trains: every weight, or adapters over a frozen base (grpo_jax.training.policy).
+    tr = trainable.build_training(config, mesh, model_config, graphdef, params)
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool
@@ -463,19 +411,18 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
             top_p=s_cfg.top_p,
             ignore_eos=s_cfg.ignore_eos,
         ),
-        tx=tx,
-        schedule=schedule,
-        update_fn=update_fn,
-        logprob_fn=logprob_fn,
-        bucketing=bucketing,
+        tx=tr.tx,
+        schedule=tr.schedule,
+        update_fn=tr.update_fn,
+        logprob_fn=tr.logprob_fn,
+        bucketing=tr.bucketing,
         base_key=jax.random.PRNGKey(t_cfg.seed),
         eval_examples=task.eval_examples()[: e_cfg.num_questions] if e_cfg.num_questions else [],
         pool=pool,
         rollout=rollout_placement(config, graphdef, model_config, tokenizer, mesh, sampler,
-                                  params if base is None else base),
-        lora=spec,
-        merge_fn=merge_fn,
+                                  tr.params if tr.base is None else tr.base),
+        policy=tr.policy,
         teacher=teacher,
     )
-    return context, RunState(step=0, data_position=0, params=params, opt_state=opt_state, ref_params=None,
-                             base_params=base)
+    return context, RunState(step=0, data_position=0, params=tr.params, opt_state=tr.opt_state, ref_params=None,
+                             base_params=tr.base)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,11 +17,8 @@ from etils import epath
 from flax import nnx
 
 from grpo_jax import config as config_lib
-from grpo_jax.model import lora as lora_lib
-from grpo_jax.training import run_context
 from grpo_jax.io import run_paths
 from grpo_jax.training import sft as sft_lib
-from grpo_jax.training import step as step_lib
 from grpo_jax.io.checkpoint import CheckpointManager
 from grpo_jax.training.run_context import RunContext, RunState
 
@@ -30,22 +26,9 @@ log = logging.getLogger("grpo_jax")
 
 
 
-
-def base_in_checkpoint(ctx: RunContext) -> bool:
-    """LoRA keeps its frozen base out of checkpoints (it is the init or `model.hf_path` again on
-    resume), unless the SFT warm-up changed it."""
-    return ctx.lora is not None and ctx.config.sft.steps > 0
-
-
 def _checkpoint_state(ctx: RunContext, state: RunState) -> dict:
-    tree = {"params": state.params, "opt_state": state.opt_state}
-    if state.ref_params is not None:
-        tree["ref_params"] = state.ref_params
-    if base_in_checkpoint(ctx):
-        tree["base_params"] = state.base_params
-    if state.rollout_params:  # asynchronous rollouts: the snapshots the next steps sample from
-        tree["rollout_params"] = {str(j): p for j, p in enumerate(state.rollout_params)}
-    return tree
+    """What a checkpoint holds of `state` (`Policy.checkpoint_tree`)."""
+    return ctx.policy.checkpoint_tree(state)
 
 
 @jax.jit
@@ -91,18 +74,11 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(ctx.run_dir))
     if latest is not None:
-        abstract = _checkpoint_state(ctx, fresh)
-        if ctx.uses_reference and ctx.lora is None:
-            abstract["ref_params"] = step_lib.as_dtype(fresh.params, ctx.ref_dtype)
-        if "base_params" in abstract and ctx.config.model.lora_base_dtype == "bfloat16":
-            abstract["base_params"] = step_lib.as_dtype(fresh.base_params, jnp.bfloat16)
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract)
-        if ctx.rollout is not None:  # train.max_staleness snapshots (full params), in the sampler's layout
-            full = fresh.params if ctx.lora is None else jax.eval_shape(ctx.lora.model_params, fresh.params,
-                                                                        fresh.base_params)
-            snapshot = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                                    full, ctx.rollout.param_shardings)
-            abstract["rollout_params"] = {str(j): snapshot for j in range(ctx.config.train.max_staleness)}
+        # train.max_staleness snapshots (full params) are restored in the sampler's layout.
+        abstract = ctx.policy.abstract_checkpoint(
+            fresh, ref_dtype=ctx.ref_dtype, uses_reference=ctx.uses_reference,
+            snapshot_shardings=None if ctx.rollout is None else ctx.rollout.param_shardings,
+            staleness=0 if ctx.rollout is None else ctx.config.train.max_staleness)
         step, tree, meta = ckpt.restore(abstract, required_meta=REQUIRED_META)
         log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
         return RunState(
@@ -115,8 +91,8 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             base_params=tree.get("base_params", fresh.base_params),
             diagnostics=meta.get("diagnostics"),
         )
-    # The SFT warm-up trains every weight: under LoRA it warms up the base, and the adapters start after it.
-    params = fresh.params if ctx.lora is None else fresh.base_params
+    # The SFT warm-up trains every weight (with adapters: their base; they start after it).
+    params = ctx.policy.warm_up_params(fresh)
     if ctx.config.sft.steps > 0:
         params, sft_stats = sft_lib.warm_up(
             ctx.graphdef,
@@ -136,25 +112,18 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
             return None
         if ctx.processes.is_primary:
             (ctx.run_dir / "sft.json").write_text(json.dumps(sft_stats, indent=2))
-    if ctx.lora is not None:  # the reference is the base itself
-        if ctx.config.sft.steps > 0:
-            params = run_context.lora_base_dtype(ctx.config, ctx.mesh, params)
-        return dataclasses.replace(fresh, base_params=params)
-    ref_params = step_lib.frozen_copy(params, ctx.ref_dtype) if ctx.uses_reference else None
-    return dataclasses.replace(fresh, params=params, ref_params=ref_params)
+    return ctx.policy.after_warm_up(fresh, params, ref_dtype=ctx.ref_dtype, uses_reference=ctx.uses_reference,
+                                    warmed_up=ctx.config.sft.steps > 0, mesh=ctx.mesh)
 
 
 def export_hf(ctx: RunContext, state: RunState) -> None:
     """The policy as Hugging Face safetensors in run_dir/hf: every process joins the gather of the
-    whole weights, process 0 writes them. Under LoRA that is the merged policy, and run_dir/peft
-    holds the adapters as peft writes them (with run_dir/peft/base, the base they apply to, when
-    the SFT warm-up changed it)."""
+    whole weights, process 0 writes them. With adapters that is the merged policy, and the policy
+    writes its own files beside it (`Policy.write_export`: run_dir/peft)."""
     from grpo_jax.io import hf
-    from grpo_jax.io import peft as peft_lib
 
     weights = ctx.processes.all_rows(ctx.policy_params(state))
-    base = ctx.processes.all_rows(state.base_params) if base_in_checkpoint(ctx) else None
-    adapters = ctx.processes.all_rows(state.params) if ctx.lora is not None else None
+    extra = ctx.policy.export_trees(state, ctx.processes.all_rows)
     if not ctx.processes.is_primary:
         return
     # From a checkpoint: its config, generation config and tokenizer files travel with the
@@ -166,14 +135,7 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
             nnx.merge(ctx.graphdef, jax.tree.map(jax.numpy.asarray, tree)), where, source_dir=source,
             tokenizer=None if source else ctx.tokenizer)
         save(weights, os.path.join(local, "hf"))
-        if adapters is not None:
-            peft_dir = os.path.join(local, "peft")
-            base_model = source
-            if base is not None:
-                save(base, os.path.join(peft_dir, "base"))
-                base_model = os.fspath(ctx.run_dir / "peft" / "base")
-            peft_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.model.lora_alpha,
-                               base_model=base_model)
+        ctx.policy.write_export(extra, local, save, source=source, run_dir=ctx.run_dir)
 
     if run_paths.is_local(ctx.run_dir):
         write(os.fspath(ctx.run_dir))

@@ -30,12 +30,12 @@ import numpy as np
 import optax
 
 from grpo_jax import config as config_lib
-from grpo_jax.core import distillation
 from grpo_jax.core import entropy_control
 from grpo_jax.core import losses
 from grpo_jax import model as model_lib
-from grpo_jax.core import objectives
 from grpo_jax.distributed import sharding
+from grpo_jax.training import step_loss
+from grpo_jax.training.batch_plan import BatchPlan
 
 log = logging.getLogger("grpo_jax")
 
@@ -159,107 +159,6 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
-def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, lora=None):
-    """`loss_fn(params, mb, normalizer, frozen) -> (loss, (metrics, num_tokens))` of one micro-batch
-    [M, ...]: its share of the whole batch's loss (`normalizer` is the whole batch's), and its
-    metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
-    adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
-
-    loss_type, aggregation, ratio = grpo.resolved_loss()
-
-    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None, entropy_coef=None):
-        num_targets = mb.completion_mask.shape[-1]
-        logp, entropy = model_lib.token_logprobs(
-            graphdef,
-            params if lora is None else lora.model_params(params, frozen),
-            mb.tokens,
-            mb.attention,
-            num_targets=num_targets,
-            temperature=temperature,
-            return_entropy=True,
-            group_size=group_size,
-            gather_ids_BxCxK=mb.teacher_topk_ids,
-        )
-        student_topk_logp = None
-        if mb.teacher_topk_ids is not None:
-            logp, student_topk_logp = logp
-        # pi_old: given, or (one update per batch: these very params) the loss's own log-probs.
-        old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
-        mask = mb.completion_mask.astype(jnp.float32)
-        is_weights, is_metrics = None, {}
-        if grpo.vllm_importance_sampling_correction:
-            is_weights, is_metrics = losses.sampler_correction(
-                old_logp, mb.sampler_logp, mask, grpo.vllm_importance_sampling_mode,
-                clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
-        # top_entropy_quantile: the clipped term only on the micro-batch's high-entropy tokens (a
-        # constant 0/1 weight beside the sampler correction's; the KL and the normaliser keep every token).
-        entropy_mask = None
-        if grpo.top_entropy_quantile < 1.0:
-            entropy_mask = entropy_control.high_entropy_mask(entropy, mask, grpo.top_entropy_quantile)
-            keep = entropy_mask.astype(jnp.float32)
-            is_weights = keep if is_weights is None else is_weights * keep
-        # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
-        surrogate = objectives.surrogate_for(loss_type, eps_low=grpo.eps_low, eps_high=grpo.eps_high, ratio=ratio,
-                                             key=_batch_key(mb) if loss_type == "clip_cov" else None,
-                                             **grpo.objective_options())
-        loss, metrics = losses.grpo_loss(
-            logp,
-            old_logp,
-            mb.ref_logp if grpo.beta > 0 else None,
-            mb.advantages,
-            mb.completion_mask,
-            eps_low=grpo.eps_low,
-            eps_high=grpo.eps_high,
-            beta=grpo.beta,
-            kl=grpo.kl,
-            aggregation=aggregation,
-            max_len=num_targets,
-            ratio=ratio,
-            normalizer=normalizer,
-            is_weights=is_weights,
-            use_bias_correction_kl=grpo.use_bias_correction_kl,
-            surrogate=surrogate,
-        )
-        distill_metrics = {}
-        if grpo.teacher_model_name_or_path:
-            distill_loss, distill_metrics = distillation.distillation_loss(
-                logp, mb.completion_mask, teacher_logp_NxT=mb.teacher_logp, old_logp_NxT=mb.old_logp,
-                student_topk_logp_NxTxK=student_topk_logp, teacher_topk_logp_NxTxK=mb.teacher_topk_logp,
-                add_tail=grpo.loss_add_tail, aggregation=aggregation, max_len=num_targets,
-                normalizer=normalizer)
-            loss = loss + grpo.teacher_tau * distill_loss
-        if grpo.entropy_coef != 0.0 or grpo.use_adaptive_entropy:
-            coef = grpo.entropy_coef if entropy_coef is None else entropy_coef
-            bonus = entropy_control.entropy_bonus(entropy, mask, aggregation, entropy_mask=entropy_mask,
-                                                  max_len=num_targets, normalizer=normalizer)
-            loss = loss - coef * bonus
-            metrics["entropy_coef"] = jnp.asarray(coef, jnp.float32)
-            active = mask if entropy_mask is None else mask * entropy_mask
-            metrics["entropy_control/entropy_sum"] = jax.lax.stop_gradient((entropy * active).sum())
-            metrics["entropy_control/num_tokens"] = active.sum()
-        num_tokens = mask.sum()
-        denom = jnp.maximum(num_tokens, 1.0)
-        metrics = {**metrics, **is_metrics, **distill_metrics}
-        metrics["entropy"] = jax.lax.stop_gradient((entropy * mask).sum() / denom)
-        if not is_metrics:
-            # How far the trainer's log-probs are from the sampler's (kernels, caching, dtype): TRL's name.
-            diff = jax.lax.stop_gradient(jnp.abs(logp - mb.sampler_logp) * mask)
-            metrics["sampling/sampling_logp_difference/mean"] = diff.sum() / denom
-            metrics["sampling/sampling_logp_difference/max"] = diff.max()
-        metrics["loss"] = loss
-        return loss, (metrics, num_tokens)
-
-    return loss_fn
-
-
-def _batch_key(mb: UpdateBatch) -> jax.Array:
-    """Clip-Cov's PRNG key for one micro-batch: a checksum of its tokens, so a run draws the same
-    tokens again on a rerun (and on resume) without a key threaded through the update."""
-    tokens = mb.tokens.astype(jnp.uint32)
-    position = jnp.arange(1, tokens.size + 1, dtype=jnp.uint32).reshape(tokens.shape)
-    return jax.random.fold_in(jax.random.key(0), (tokens * position).sum())
-
-
 def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
     """One AdamW step with the summed gradient of a batch's A micro-batches (their metrics [A]
     each, their real-token counts tokens_A), skipped when the loss or gradient is not finite.
@@ -290,11 +189,12 @@ def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
 
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1,
-                   lora=None, compiler_options: dict | None = None):
+                   model_params_fn=None, compiler_options: dict | None = None):
     """Returns the jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`.
 
-    With `lora` (a `lora.LoraSpec`), `params` are the adapters and `frozen` the base params they
-    are merged into; only the adapters get gradients and optimizer updates.
+    With `model_params_fn` ((params, frozen) -> the model's params; `Policy.model_params_fn`),
+    `params` are what trains (adapters) and `frozen` what they are merged into (the base); only
+    `params` get gradients and optimizer updates.
 
     The A micro-batches of `batch` run in one jitted call (lax.scan), each contributing its share
     of the whole batch's loss (module docstring), so accumulation is exact and costs no extra
@@ -311,7 +211,8 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
     times `distillation.distillation_loss` and the metrics its `distillation/reverse_kl`.
     """
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
+    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn),
+                                 has_aux=True)
 
     def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
@@ -364,15 +265,17 @@ class ChunkedUpdate:
 
 
 def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
-                        opt_state, group_size: int = 1, lora=None, frozen=None,
+                        opt_state, group_size: int = 1, model_params_fn=None, frozen=None,
                         compiler_options: dict | None = None) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
-    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With `lora`,
-    `params` are the adapters and `accumulate` takes the base (`frozen`, for its layout) last."""
+    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With
+    `model_params_fn` (as `make_update_fn`'s), `accumulate` takes the frozen tree (`frozen`, for
+    its layout) last."""
     if grpo.use_adaptive_entropy:
         raise ValueError("make_chunked_update: grpo.use_adaptive_entropy needs the controller's coefficient in "
                          "each micro-batch's loss, which only make_update_fn reads from opt_state; run it unbucketed")
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
+    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn),
+                                 has_aux=True)
 
     def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
         (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen)
@@ -468,9 +371,8 @@ def logprob_row_chunks(g_cfg: config_lib.GRPOSection, row_multiple: int, group_s
     """How many chunks the log-prob pass over a step's rows runs in: as many as the update has
     micro-batches per step (num_minibatches x grad_accum_steps, so a chunk is a micro-batch's size),
     fewer where the rows do not split into that many chunks of whole groups over the devices."""
-    rows = g_cfg.prompts_per_step * g_cfg.num_generations
-    unit = group_size * row_multiple
-    chunks = g_cfg.num_minibatches * g_cfg.grad_accum_steps
+    plan = BatchPlan.of(g_cfg, row_multiple)
+    rows, unit, chunks = plan.rows, group_size * row_multiple, plan.micro_batches_per_step
     while chunks > 1 and rows % (chunks * unit):
         chunks -= 1
     return chunks

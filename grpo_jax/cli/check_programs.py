@@ -1,0 +1,181 @@
+"""The programs `python -m grpo_jax check` compiles and what each phase holds: the rollout's
+prefill and decode, the log-prob passes, the update and the teacher's pass, lowered on the
+abstract run (`check.abstract_state`: the trainer's own step functions over ShapeDtypeStructs)
+and compiled, with `compiled.memory_analysis()`'s bytes; and each phase's resident arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.distributed import sharding
+from grpo_jax.sampling import sampler as sampler_lib
+from grpo_jax.training import run_context
+from grpo_jax.training import step as step_lib
+from grpo_jax.training.batch_plan import BatchPlan
+
+
+@dataclasses.dataclass
+class Program:
+    name: str
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    compile_s: float
+
+    @property
+    def peak(self) -> int:
+        """Bytes live while it runs: inputs, outputs not written in place of an input, scratch."""
+        return self.argument + self.output - self.alias + self.temp
+
+
+def _compile(name: str, lowered) -> Program:
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    if m is None:  # a backend without the analysis: the program's own arrays are still counted
+        return Program(name, 0, 0, 0, 0, seconds)
+    return Program(name, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
+                   m.temp_size_in_bytes, seconds)
+
+
+def target_slots(config, rows: int, row_devices: int) -> int:
+    """The continuous engine's slots per device on the backend the config is for (an accelerator
+    where its mesh, dtype or checkpoint say so), not on the CPU that `check` compiles with."""
+    from grpo_jax.distributed.platform_check import accelerator_expected
+
+    backend = "accelerator" if accelerator_expected(config) else "cpu"
+    return sampler_lib.slots_per_device(rows, row_devices, config.sampling.decode_slots, backend=backend)
+
+
+def decode_copy(st, model_config):
+    """The sampler's weights as `sharding.decode_params` makes them: in the compute dtype where
+    they are a separate copy, else the params themselves."""
+    from grpo_jax.model.config import DTYPES
+
+    dtype = DTYPES[model_config.dtype] if st.separate_decode_copy else None
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
+        x.shape, dtype if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=s),
+        st.params, st.decode_shardings)
+
+
+def _rows(shape, dtype, sh):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
+
+def _sampler_programs(config, model_config, mesh, st, *, prompt_len: int, stop_ids, pad_id) -> dict[str, Program]:
+    """The rollout's prefill and decode for this size: the trainer's sampler
+    (`run_context.build_sampler`), params in the decode layout as `Sampler._prepare` lays them out
+    (one part: no thread split). The sampler sets its decode layout and builds these programs from
+    real params only, so this one function writes its private `_param_shardings` and calls its
+    `_functions`; nothing else in `check` touches the sampler's internals."""
+    g, s_cfg = config.grpo, config.sampling
+    plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
+    rows, row_devices, c = plan.rows, plan.row_devices, s_cfg.max_new_tokens
+    rows_sh, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    stop = types.SimpleNamespace(eos_ids=tuple(stop_ids), eos_id=stop_ids[0], pad_id=pad_id)
+    smp = run_context.build_sampler(config, st.graphdef, model_config, stop, mesh)
+    smp._param_shardings = st.decode_shardings
+    if smp.engine == "continuous" and not smp.decode_slots:  # the target accelerator's auto slots
+        smp.decode_slots = target_slots(config, rows, row_devices) * row_devices
+    sampling = sampler_lib.SamplingConfig(max_new_tokens=c, temperature=s_cfg.temperature, top_k=s_cfg.top_k,
+                                          top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
+    m_rows = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices)
+    prefill_fn, decode_fn = smp._functions(prompt_len, m_rows, rows, sampling, None)
+    decode_params = decode_copy(st, model_config)
+    prompts = _rows((m_rows, prompt_len), jnp.int32, rows_sh)
+    prefill = prefill_fn.lower(decode_params, prompts, prompts)
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefill.out_info[0])
+    decode = decode_fn.lower(decode_params, state, _rows((2,), jnp.uint32, whole), _rows((), jnp.int32, whole))
+    return {"prefill": _compile("prefill", prefill), "decode": _compile("decode", decode)}
+
+
+def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_ids, pad_id) -> dict[str, Program]:
+    """The rollout's prefill and decode, the log-prob pass(es) the config runs, and the update,
+    lowered on abstract arguments with the trainer's shardings and compiled. The log-prob pass and
+    the update are the trainer's own (`trainable.build_training`, in `st.training`)."""
+    g, c = config.grpo, config.sampling.max_new_tokens
+    plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
+    seq, rows, m = prompt_len + c, plan.rows, plan.rows_per_micro_batch
+    rows_sh = sharding.batch_sharding(mesh)
+    i32, f32 = jnp.int32, jnp.float32
+    programs = _sampler_programs(config, model_config, mesh, st, prompt_len=prompt_len, stop_ids=stop_ids,
+                                 pad_id=pad_id)
+    tr, state = st.training, st.state
+    tokens, attention = _rows((rows, seq), i32, rows_sh), _rows((rows, seq), i32, rows_sh)
+    if g.beta > 0:
+        programs["logprobs_ref"] = _compile("logprobs_ref", tr.logprob_fn.jitted.lower(
+            tr.policy.reference(state), tokens, attention, c))
+    if g.resolved_old_logprobs() == "recompute":
+        programs["logprobs_policy"] = _compile("logprobs_policy", tr.logprob_fn.jitted.lower(
+            tr.policy.abstract_full_params(state), tokens, attention, c))
+    a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
+    per_token = _rows((a, m, c), f32, mb_sh)
+    batch = step_lib.UpdateBatch(
+        tokens=_rows((a, m, seq), i32, mb_sh), attention=_rows((a, m, seq), i32, mb_sh),
+        completion_mask=_rows((a, m, c), i32, mb_sh), advantages=_rows((a, m), f32, mb_sh),
+        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
+        ref_logp=per_token if g.beta > 0 else None, **teacher_fields(g, (a, m, c), mb_sh))
+    programs["update"] = _compile("update", tr.update_fn.lower(state.params, state.opt_state, batch,
+                                                               *tr.policy.update_extra_args(state)))
+    if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)
+        from grpo_jax.training import teacher as teacher_lib
+
+        t_graphdef, t_params = st.teacher
+        pass_fn = teacher_lib.make_pass_fn(t_graphdef, config.sampling.temperature, g.loss_top_k, mesh=mesh,
+                                           params=t_params, vocab=model_config.vocab_size)
+        programs["logprobs_teacher"] = _compile("logprobs_teacher", _lower_teacher(pass_fn, t_params, tokens,
+                                                                                   attention, c))
+    return programs
+
+
+def teacher_fields(g, shape, sharding_) -> dict:
+    """UpdateBatch's teacher arrays as ShapeDtypeStructs of `shape` ([A, M, C]) plus [K] for top-k."""
+    if not g.teacher_model_name_or_path:
+        return {}
+    if g.loss_top_k == 0:
+        return {"teacher_logp": jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding_)}
+    topk = shape + (g.loss_top_k,)
+    return {"teacher_topk_logp": jax.ShapeDtypeStruct(topk, jnp.float32, sharding=sharding_),
+            "teacher_topk_ids": jax.ShapeDtypeStruct(topk, jnp.int32, sharding=sharding_)}
+
+
+def _lower_teacher(pass_fn, params, tokens, attention, c):
+    """The teacher pass lowered: `make_logprob_fn`'s (k = 0) exposes `.jitted`; the top-k pass is a MeshJit."""
+    inner = getattr(pass_fn, "logprob_fn", None)
+    if inner is not None:
+        return inner.jitted.lower(params, tokens, attention, c)
+    return pass_fn.lower(params, tokens, attention, c)
+
+
+def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_decode_copy: bool
+                ) -> dict[str, tuple[dict[str, int], Program]]:
+    """phase -> (arrays alive meanwhile that the program does not take, the program in use)."""
+    adapters = sizes["adapters"] > 0  # then "params" is the frozen base, which is also the reference
+    rollout = {"opt_state": sizes["opt_state"], "reference": sizes["reference"], "adapters": sizes["adapters"]}
+    if separate_decode_copy:  # the training-layout params stay; the decode copy is an argument
+        rollout["params"] = sizes["params"]
+    phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
+    # With adapters the reference pass reads the base; the pi_old pass reads a merged copy beside it.
+    for name, others in (("logprobs_ref", {"params": 0 if adapters else sizes["params"]}),
+                         ("logprobs_policy", {"reference": sizes["reference"],
+                                              "params": sizes["params"] if adapters else 0})):
+        if name in programs:
+            phases[name] = ({**others, "adapters": sizes["adapters"], "opt_state": sizes["opt_state"],
+                             "step_rows": sizes["step_rows"]}, programs[name])
+    phases["update"] = ({"reference": sizes["reference"], "step_rows": sizes["step_rows"]}, programs["update"])
+    if "logprobs_teacher" in programs:  # beside it: everything but the teacher, its argument
+        phases["logprobs_teacher"] = ({"params": sizes["params"], "adapters": sizes["adapters"],
+                                       "opt_state": sizes["opt_state"], "reference": sizes["reference"],
+                                       "step_rows": sizes["step_rows"]}, programs["logprobs_teacher"])
+    for name, (resident, _) in phases.items():  # the frozen teacher stays on the devices throughout
+        if name != "logprobs_teacher":
+            resident["teacher"] = sizes.get("teacher", 0)
+    return phases
+

@@ -1,0 +1,73 @@
+"""The model's shape for `python -m grpo_jax check`, read without weights: `model.hf_path`'s
+config.json, a `--model-shape` preset (`MODEL_SHAPES`), or the config's `model.*` fields."""
+
+from __future__ import annotations
+
+import os
+
+# --model-shape presets: the shape fields of each model's public Hugging Face config.json
+# (huggingface.co/<repo>/blob/main/config.json, the Instruct repos the shipped configs use;
+# Qwen/Qwen2.5-{0.5B,1.5B,7B,32B}-Instruct, meta-llama/Llama-3.1-8B-Instruct). Only fields that
+# hf.config_from_hf reads; the base models have the same shapes.
+MODEL_SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+                     "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                     "vocab_size": 151936, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+                     "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 151645},
+    "qwen2.5-1.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536, "intermediate_size": 8960,
+                     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "vocab_size": 151936, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+                     "tie_word_embeddings": True, "hidden_act": "silu", "eos_token_id": 151645},
+    "qwen2.5-7b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "vocab_size": 152064, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+                   "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 151645},
+    "qwen2.5-32b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 27648,
+                    "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+                    "vocab_size": 152064, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+                    "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 151645},
+    "llama-3.1-8b": {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+                     "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+                     "mlp_bias": False, "head_dim": 128, "bos_token_id": 128000,
+                     "eos_token_id": [128001, 128008, 128009],
+                     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+}
+
+
+def resolve_shape(config, preset: str | None):
+    """(ModelConfig, where the shape came from, stop ids, pad id); nothing but config.json is read."""
+    from grpo_jax import config as config_lib
+    from grpo_jax.io import hf
+    from grpo_jax.training import run_context
+
+    m = config.model
+    if m.hf_path and os.path.isdir(m.hf_path) and not preset:
+        try:
+            hf_config = hf.read_config(m.hf_path)
+        except (FileNotFoundError, ValueError) as e:
+            raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
+        source = f"model.hf_path={m.hf_path}/config.json"
+    elif preset:
+        hf_config, source = MODEL_SHAPES[preset], f"--model-shape {preset}"
+    elif m.hf_path:
+        raise config_lib.ConfigError(
+            f"model.hf_path={m.hf_path!r} is not a directory on this machine, so its config.json cannot be read; "
+            f"pass --model-shape with one of {sorted(MODEL_SHAPES)} (check reads no weights)")
+    else:
+        tokenizer = run_context.configured_tokenizer(config)
+        vocab = m.vocab_size or tokenizer.vocab_size
+        run_context.check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
+        eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
+        return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
+    try:
+        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+                                         attention_impl=m.attention_impl)
+    except (KeyError, ValueError) as e:
+        raise config_lib.ConfigError(f"{source}: {e}") from None
+    eos = hf_config.get("eos_token_id", model_config.vocab_size - 1)
+    eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
+    pad = hf_config.get("pad_token_id")
+    return model_config, source, eos, eos[0] if pad is None else int(pad)
