@@ -71,28 +71,20 @@ def _rows(shape, dtype, sh):
 
 def _sampler_programs(config, model_config, mesh, st, *, prompt_len: int, stop_ids, pad_id) -> dict[str, Program]:
     """The rollout's prefill and decode for this size: the trainer's sampler
-    (`run_context.build_sampler`), params in the decode layout as `Sampler._prepare` lays them out
-    (one part: no thread split). The sampler sets its decode layout and builds these programs from
-    real params only, so this one function writes its private `_param_shardings` and calls its
-    `_functions`; nothing else in `check` touches the sampler's internals."""
+    (`run_context.build_sampler`) lowered by `Sampler.lower_abstract` on params in the decode
+    layout as `Sampler._prepare` lays them out (one part: no thread split)."""
     g, s_cfg = config.grpo, config.sampling
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
     rows, row_devices, c = plan.rows, plan.row_devices, s_cfg.max_new_tokens
-    rows_sh, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     stop = types.SimpleNamespace(eos_ids=tuple(stop_ids), eos_id=stop_ids[0], pad_id=pad_id)
     smp = run_context.build_sampler(config, st.graphdef, model_config, stop, mesh)
-    smp._param_shardings = st.decode_shardings
     if smp.engine == "continuous" and not smp.decode_slots:  # the target accelerator's auto slots
         smp.decode_slots = target_slots(config, rows, row_devices) * row_devices
     sampling = sampler_lib.SamplingConfig(max_new_tokens=c, temperature=s_cfg.temperature, top_k=s_cfg.top_k,
                                           top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
-    m_rows = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, row_devices)
-    prefill_fn, decode_fn = smp._functions(prompt_len, m_rows, rows, sampling, None)
-    decode_params = decode_copy(st, model_config)
-    prompts = _rows((m_rows, prompt_len), jnp.int32, rows_sh)
-    prefill = prefill_fn.lower(decode_params, prompts, prompts)
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefill.out_info[0])
-    decode = decode_fn.lower(decode_params, state, _rows((2,), jnp.uint32, whole), _rows((), jnp.int32, whole))
+    prefill, decode = smp.lower_abstract(decode_copy(st, model_config), prompt_len=prompt_len,
+                                         num_prompts=g.prompts_per_step, num_samples=g.num_generations,
+                                         sampling=sampling)
     return {"prefill": _compile("prefill", prefill), "decode": _compile("decode", decode)}
 
 

@@ -36,6 +36,7 @@ from grpo_jax import model as model_lib
 from grpo_jax.distributed import sharding
 from grpo_jax.training import step_loss
 from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.training.update_batch import UpdateBatch  # noqa: F401 - its home before it moved
 
 log = logging.getLogger("grpo_jax")
 
@@ -57,32 +58,6 @@ def global_norm(tree) -> jax.Array:
     """sqrt of the sum of squares of every leaf, in float32."""
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
-
-@dataclasses.dataclass(frozen=True)
-class UpdateBatch:
-    """What one optimizer step consumes; every array has a leading [A] micro-batch axis, then [M].
-
-    tokens/attention: prompt then completion, [A, M, P+C]; the others [A, M, C] or [A, M].
-    """
-
-    tokens: jax.Array
-    attention: jax.Array
-    completion_mask: jax.Array
-    advantages: jax.Array
-    old_logp: jax.Array | None  # None: pi_old is the loss's own log-probs (one update per batch)
-    sampler_logp: jax.Array
-    ref_logp: jax.Array | None
-    # On-policy distillation (grpo.teacher_model_name_or_path; grpo_jax.training.teacher): the teacher's
-    # log-prob of each completion token [A, M, C] (grpo.loss_top_k = 0), or its top-K ids and their
-    # log-probs [A, M, C, K]; None without a teacher.
-    teacher_logp: jax.Array | None = None
-    teacher_topk_logp: jax.Array | None = None
-    teacher_topk_ids: jax.Array | None = None
-
-
-jax.tree_util.register_dataclass(
-    UpdateBatch, data_fields=[f.name for f in dataclasses.fields(UpdateBatch)], meta_fields=[]
-)
 
 # How one metric adds up over pieces of a batch (micro-batches in an update, updates in a step).
 # "share": the piece's part of a whole-batch value (loss over the whole batch's normaliser), summed;

@@ -19,7 +19,7 @@ from grpo_jax.core import losses
 from grpo_jax.core import objectives
 
 if TYPE_CHECKING:
-    from grpo_jax.training.step import UpdateBatch
+    from grpo_jax.training.update_batch import UpdateBatch
 
 
 def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, model_params_fn=None):
