@@ -184,28 +184,14 @@ def run(
     _log_like_the_cli()
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
-    run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
-    run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
-                        primary=jax.process_index() == 0)
-    if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
+    _prepare_run_dir(config, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
     ctx, fresh = run_context.build(config, task=task, tokenizer=tokenizer)
     if ctx.processes.is_primary:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = CheckpointManager(
         run_state.ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
     )
-    writer = MetricsWriter(
-        ctx.run_dir,
-        total_steps=config.train.steps,
-        console=config.train.progress,
-        key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
-        report_to=config.train.report_to,
-        wandb_project=config.train.wandb_project,
-        run_config=config_lib.to_dict(config),
-    )
+    writer = _metrics_writer(config, ctx.run_dir)
     loop = _Loop(ctx, ckpt, writer)
     state = None
     try:
@@ -232,6 +218,29 @@ def run(
     if state.step == config.train.steps and config.train.export_hf:
         run_state.export_hf(ctx, state)
     return RunResult(ctx.run_dir, state.step, loop.history, loop.evals, params=state.params, stopped_by=stopped_by)
+
+
+def _prepare_run_dir(config: config_lib.Config, *, resume: bool, overwrite: bool, allow_config_change: bool) -> None:
+    """The run directory checked (a previous run is resumed or replaced, never mixed), on every process."""
+    run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
+    run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
+                        primary=jax.process_index() == 0)
+    if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
+
+
+def _metrics_writer(config: config_lib.Config, run_dir) -> MetricsWriter:
+    return MetricsWriter(
+        run_dir,
+        total_steps=config.train.steps,
+        console=config.train.progress,
+        key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
+        report_to=config.train.report_to,
+        wandb_project=config.train.wandb_project,
+        run_config=config_lib.to_dict(config),
+    )
 
 
 class _Loop:
