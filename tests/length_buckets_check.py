@@ -44,7 +44,6 @@ from grpo_jax import model as model_lib
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.policy import Policy  # noqa: E402
 from grpo_jax.training.run_context import RunState  # noqa: E402
-from grpo_jax.training.timing import ReadyTimes  # noqa: E402
 
 MODEL = model_lib.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=1,
                               num_heads=4, num_kv_heads=2, head_dim=8)
@@ -110,11 +109,11 @@ def update_phase(grpo, mesh, graphdef, params, tx, host) -> dict:
     ref = step_lib.frozen_copy(params, jnp.float32)
     state = RunState(step=0, data_position=0, params=jax.tree.map(jnp.copy, params), opt_state=opt_state,
                      ref_params=ref)
-    rows, times = device_rows(mesh, host), ReadyTimes()
-    ref_logp, old_logp = phases.logprobs(ctx, state, rows, times, 1)
+    rows = device_rows(mesh, host)
+    ref_logp, old_logp, logprobs_ready = phases.logprobs(ctx, state, rows)
     ref_np, old_np = np.asarray(ref_logp), np.asarray(old_logp)
-    state, metrics = phases.update(ctx, state, rows, ref_logp, old_logp, times, 1)
-    times.ready_at("logprobs:1"), times.ready_at("update:1")
+    state, metrics, update_ready = phases.update(ctx, state, rows, ref_logp, old_logp, 1)
+    logprobs_ready.time(), update_ready.time()
     return {"params": jax.tree.map(np.asarray, state.params), "ref_logp": ref_np, "old_logp": old_np,
             "metrics": [{k: float(v) for k, v in m.items()} for m in metrics], "ctx": ctx}
 

@@ -243,8 +243,8 @@ def test_parity_gdpo_with_verl_on_one_token_answers():
     assert np.abs(theirs.numpy()).max() > 0.5
 
 
-def test_the_score_phase_feeds_each_estimator_what_it_needs():
-    # phases.score: lengths are the loss's real tokens (after mask_truncated_completions), GDPO gets
+def test_the_advantage_phase_feeds_each_estimator_what_it_needs():
+    # phases.compute_advantages: lengths are the loss's real tokens (after mask_truncated_completions), GDPO gets
     # each function's values under the truncation rule and the tasks' weights.
     import types
 
@@ -262,7 +262,7 @@ def test_the_score_phase_feeds_each_estimator_what_it_needs():
 
     def score(**grpo):
         cfg = config_lib.Config(grpo=config_lib.GRPOSection(num_generations=2, prompts_per_step=2, **grpo))
-        return phases.score(types.SimpleNamespace(config=cfg, task=task), batch)
+        return phases.compute_advantages(types.SimpleNamespace(config=cfg, task=task), batch)
 
     adv, m = score(adv_estimator="opo", mask_truncated_completions=True)
     # Row 1 is truncated: reward min(1.5, 0) = 0 and 0 tokens; group 0 = rewards (1.5, 0), lengths

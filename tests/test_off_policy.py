@@ -147,11 +147,11 @@ def test_a_batch_older_than_the_bound_is_dropped_counted_and_sampled_again(tmp_p
         resampled = []
 
         def next(self):
-            return async_rollouts.CollectedStep(step=5, version=1, batch="stale", data_position=20)
+            return async_rollouts.CollectedStep(step=5, version=1, batch="stale")
 
         def collect(self, step, version, params):
             self.resampled.append((step, version))
-            return async_rollouts.CollectedStep(step=step, version=version, batch="fresh", data_position=20)
+            return async_rollouts.CollectedStep(step=step, version=version, batch="fresh")
 
         def close(self):
             pass
@@ -160,7 +160,7 @@ def test_a_batch_older_than_the_bound_is_dropped_counted_and_sampled_again(tmp_p
     batches.snapshots.put(4, "params of step 4")
     state = dataclasses.replace(fresh, step=4)
     with caplog.at_level(logging.WARNING, logger="grpo_jax"):
-        batch, _ = batches.take(state)
+        batch = batches.next_batch(state, device_free_at=0.0)
     assert batch == "fresh" and StaleWorker.resampled == [(5, 4)]
     assert batches.dropped == 1 and batches._staleness[5] == 0
     assert "3 steps stale" in caplog.text

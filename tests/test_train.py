@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax.training import phases, run_state, train
+from grpo_jax.training import phases, run_state, step_record, train
 from grpo_jax.training import step as step_lib
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
@@ -373,18 +373,18 @@ def test_the_loop_dispatches_the_next_rollout_before_reading_the_last_update(tmp
     # nanodo's order: step N's sampler call is dispatched before step N-1's metrics are read, so
     # the devices go from one update straight to the next rollout.
     events = []
-    dispatch, read = train.phases.dispatch_round, train._read_report
+    dispatch, read = train.phases.dispatch_round, step_record.read_row
 
-    def spy_dispatch(ctx, state, step, data_position, round_index):
+    def spy_dispatch(ctx, params, step, data_position, round_index):
         events.append(("dispatch", step))
-        return dispatch(ctx, state, step, data_position, round_index)
+        return dispatch(ctx, params, step, data_position, round_index)
 
-    def spy_read(ctx, pending, times):
-        events.append(("read", pending.step))
-        return read(ctx, pending, times)
+    def spy_read(ctx, record, source):
+        events.append(("read", record.step))
+        return read(ctx, record, source)
 
     monkeypatch.setattr(train.phases, "dispatch_round", spy_dispatch)
-    monkeypatch.setattr(train, "_read_report", spy_read)
+    monkeypatch.setattr(step_record, "read_row", spy_read)
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=3, checkpoint_every=0))
     result = train.run(cfg, task=SevensTask())
@@ -399,13 +399,13 @@ def test_non_finite_updates_are_skipped_then_stop_the_run_with_finite_checkpoint
     # A batch whose advantages are inf (what an inf reward used to give): every update of those
     # steps is skipped and counted, the params stay finite, and train.max_nonfinite_steps in a row
     # stop the run with a message; every checkpoint on disk is finite.
-    score = phases.score
+    compute_advantages = phases.compute_advantages
 
     def poisoned(ctx, batch):
-        advantages, mask = score(ctx, batch)
+        advantages, mask = compute_advantages(ctx, batch)
         return np.full_like(advantages, np.inf), mask
 
-    monkeypatch.setattr(train.phases, "score", poisoned)
+    monkeypatch.setattr(train.phases, "compute_advantages", poisoned)
     cfg = tiny_config(tmp_path)
     with pytest.raises(FloatingPointError, match=r"3 steps in a row .*train.max_nonfinite_steps=3"):
         train.run(cfg, task=SevensTask())

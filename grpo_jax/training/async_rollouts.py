@@ -87,13 +87,12 @@ class Snapshots:
 class CollectedStep:
     step: int
     version: int  # the params version it was sampled from
-    batch: phases.StepBatch
-    data_position: int  # after this step's examples
+    batch: phases.StepBatch  # its data_position: after this step's examples
 
 
 class RolloutWorker:
     """The rollout thread: for steps first_step .. last_step in order, waits for the snapshot of
-    `sampling_version(step)`, samples and scores the step's batch (`phases.collect`, dynamic
+    `sampling_version(step)`, samples and scores the step's batch (`phases.sample_and_score`, dynamic
     sampling included) and queues it. An error is queued in its place and raised by `next`."""
 
     def __init__(self, ctx: RunContext, snapshots: Snapshots, *, first_step: int, last_step: int,
@@ -122,11 +121,11 @@ class RolloutWorker:
 
     def collect(self, step: int, version: int, params) -> CollectedStep:
         """Samples and scores step `step` from `params` (version `version`), at the next data position."""
-        state = RunState(step=step - 1, data_position=self._position, params=params, opt_state=None, ref_params=None)
-        first = phases.dispatch_round(self._ctx, state, step, self._position, 0)
+        first = phases.dispatch_round(self._ctx, params, step, self._position, 0)
         stop = lambda: self._closing.is_set() or self._should_stop()  # noqa: E731
-        batch, self._position = phases.collect(self._ctx, state, step, first, first.dispatched_at, stop)
-        return CollectedStep(step=step, version=version, batch=batch, data_position=self._position)
+        batch = phases.sample_and_score(self._ctx, params, step, self._position, first, first.dispatched_at, stop)
+        self._position = batch.data_position
+        return CollectedStep(step=step, version=version, batch=batch)
 
     def next(self) -> CollectedStep:
         item = self._out.get()
@@ -166,11 +165,12 @@ def _time_after(first, then):
 
 
 class AsyncBatches:
-    """The trainer's side of asynchronous rollouts: `train.run`'s batch source when max_staleness > 0.
+    """The trainer's side of asynchronous rollouts: the loop's `batch_source.BatchSource` when
+    max_staleness > 0.
 
-    Per step: `take` the step's batch (waiting for the rollout thread if it is not ready), the
-    update is dispatched, then `published` hands the new params to the rollout thread and returns
-    the state with the snapshots a checkpoint must keep."""
+    Per step: `next_batch` takes the step's batch (waiting for the rollout thread if it is not
+    ready), the update is dispatched, then `published` hands the new params to the rollout thread
+    and returns the state with the snapshots a checkpoint must keep."""
 
     def __init__(self, ctx: RunContext, state: RunState, should_stop=lambda: False):
         self.ctx, self.k = ctx, ctx.config.train.max_staleness
@@ -188,8 +188,13 @@ class AsyncBatches:
         self.worker = RolloutWorker(ctx, self.snapshots, first_step=state.step + 1, last_step=ctx.config.train.steps,
                                     data_position=state.data_position, max_staleness=self.k, should_stop=should_stop)
 
-    def take(self, state: RunState) -> tuple[phases.StepBatch, int]:
-        """(step `state.step + 1`'s batch, the data position after it)."""
+    def begin(self, state: RunState) -> None:
+        """Nothing to start: the rollout thread is already sampling the coming steps."""
+
+    def next_batch(self, state: RunState, device_free_at: float, should_stop=None) -> phases.StepBatch:
+        """Step `state.step + 1`'s batch, sampled at most max_staleness steps ago (waiting for the
+        rollout thread if it is not ready). The thread keeps its own clock and stop: the arguments
+        are the synchronous source's."""
         step = state.step + 1
         t0 = time.perf_counter()
         item = self.worker.next()
@@ -204,7 +209,7 @@ class AsyncBatches:
             item = self.worker.collect(step, state.step, self.snapshots.get(state.step))
             staleness = 0
         self._staleness[step] = staleness
-        return item.batch, item.data_position
+        return item.batch
 
     def published(self, state: RunState, update_metrics) -> RunState:
         """After step `state.step`'s update was dispatched (`update_metrics`: its outputs, device

@@ -1,16 +1,18 @@
 """The phases of one GRPO step (seed, Step 5), each a function you can read and test alone:
 
-    collect     G answers to each prompt from pi_old (the sampler), scored by the reward functions;
-                DAPO dynamic sampling tops the batch up with informative groups
-    score       group advantages, and which completion tokens train
-    logprobs    reference (and optionally recomputed pi_old) log-probs of every row
-    update      mu passes x minibatches of Optax updates over A micro-batches each
-    report      the step's metrics (TRL's names where TRL has one)
+    sample_and_score    G answers to each prompt from pi_old (the sampler), scored by the reward
+                        functions; DAPO dynamic sampling tops the batch up with informative groups
+    compute_advantages  group advantages, and which completion tokens train
+    logprobs            reference (and optionally recomputed pi_old) log-probs of every row
+    update              mu passes x minibatches of Optax updates over A micro-batches each
+    sync_reference      every `grpo.ref_resync_every` steps the reference becomes the policy
+    report              the step's metrics (TRL's names where TRL has one)
 
 `grpo_jax.training.train` runs them in order around `RunState`; pi_old <- pi_theta is implicit (the next
 rollout samples with the new params). Host arrays hold every row of the step (each process samples
 its slice and the results are gathered, `Processes`), so every process computes the same
-advantages, minibatches and metrics.
+advantages, minibatches and metrics. The phases that dispatch device work return a
+`timing.ReadyAt` handle of it, so the loop can time them without waiting.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.io import sample_view
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.run_context import RunContext, RunState
-from grpo_jax.training.timing import ReadyTimes
+from grpo_jax.training.timing import ReadyAt
 
 _ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "logprobs")
 
@@ -50,6 +52,7 @@ class StepBatch:
     device_start: float  # when the devices started this step's rollout
     reward_seconds: float
     finished_at: float  # when the batch was complete on the host
+    data_position: int  # the data position after this batch's examples (where the next step starts)
     # [B] bool: a reward function scored it above 0, and the truncation rule ("at_most_zero") made it 0.
     zeroed_by_truncation: np.ndarray | None = None
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
@@ -65,13 +68,14 @@ def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np
     return np.where(truncated & (rewards > 0), np.float32(0.0), rewards).astype(np.float32)
 
 
-def dispatch_round(ctx: RunContext, state: RunState, step: int, data_position: int, round_index: int):
-    """Starts one sampler call on this process's slice of the next `prompts_per_step` examples."""
+def dispatch_round(ctx: RunContext, params, step: int, data_position: int, round_index: int):
+    """Starts one sampler call with `params` (the sampling policy's full params) on this process's
+    slice of the `prompts_per_step` examples from `data_position`."""
     g = ctx.config.grpo
     examples = [ctx.task.train_example(data_position + i) for i in range(g.prompts_per_step)]
     return rollout_lib.dispatch_rollout(
         ctx.sampler,
-        ctx.policy_params(state),
+        params,
         ctx.tokenizer,
         examples[ctx.processes.prompt_slice(g.prompts_per_step)],
         num_samples=g.num_generations,
@@ -101,20 +105,21 @@ def select_groups(rewards: np.ndarray, group_size: int, num_groups: int, dynamic
     return (keep + spare)[:num_groups], len(keep)
 
 
-def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: float,
-            should_stop=None) -> tuple[StepBatch, int]:
-    """Phases 1-3: scores `first` (the round already dispatched) and, under dynamic sampling,
-    samples further rounds until `prompts_per_step` informative groups are found or
-    `max_resample_rounds` are spent. Returns the batch and the new data position.
+def sample_and_score(ctx: RunContext, params, step: int, data_position: int, first, device_free_at: float,
+                     should_stop=None) -> StepBatch:
+    """Phases 1-3: scores `first` (the round already dispatched with `params`, the sampling policy's
+    full params, on the examples from `data_position`) and, under dynamic sampling, samples
+    further rounds with `params` until `prompts_per_step` informative groups are found or
+    `max_resample_rounds` are spent. `device_free_at`: when the devices finished their previous
+    work (the rollout's time starts then at the earliest).
 
     User reward functions get `train.reward_timeout_s` per batch (0: none); `should_stop()`
     interrupts one that is still running (`rewards.RewardInterrupted`)."""
     g, processes = ctx.config.grpo, ctx.processes
     G, B = g.num_generations, g.prompts_per_step
     max_rounds = 1 + (g.max_resample_rounds if g.dynamic_sampling else 0)
-    local = processes.prompt_slice(B)
     device_start = max(first.dispatched_at, device_free_at)
-    data_position = state.data_position + B
+    data_position += B
     rounds, pending = [], first
     while True:
         # A reward function's error (or timeout) on one process stops every process here.
@@ -136,9 +141,16 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
         chosen, informative = select_groups(all_rewards, G, B, g.dynamic_sampling)
         if not g.dynamic_sampling or informative >= B or len(rounds) == max_rounds:
             break
-        pending = dispatch_round(ctx, state, step, data_position, len(rounds))
+        pending = dispatch_round(ctx, params, step, data_position, len(rounds))
         data_position += B
+    return _chosen_batch(ctx, step, rounds, chosen, all_rewards, device_start, data_position)
 
+
+def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], all_rewards: np.ndarray,
+                  device_start: float, data_position: int) -> StepBatch:
+    """The step's batch from the `chosen` groups of `rounds` ((rollout, gathered arrays) per sampler
+    call, in order); prompts of rounds of different widths left-padded to the widest."""
+    G = ctx.config.grpo.num_generations
     row_index = np.concatenate([np.arange(c * G, (c + 1) * G) for c in chosen])
     width = max(r["arrays"]["prompt_tokens"].shape[1] for _, r in rounds)
     pad = {"prompt_tokens": ctx.tokenizer.pad_id, "prompt_mask": 0}
@@ -152,14 +164,41 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
     def pick(field):
         return np.concatenate([r[field] for _, r in rounds])[row_index]
 
-    # The samples log: this process's rows among the chosen ones, in batch order.
+    rewards = pick("rewards")
+    parts = {name: np.concatenate([r["parts"][name] for _, r in rounds])[row_index] for name in rounds[0][1]["parts"]}
+    return StepBatch(
+        arrays=arrays,
+        rewards=rewards,
+        reward_parts=parts,
+        lengths=pick("lengths"),
+        truncated=pick("truncated"),
+        samples=_sample_log(ctx, step, [ro for ro, _ in rounds], row_index, rewards, parts),
+        sampled={
+            "reward": _nan_mean(all_rewards),
+            "frac_reward_zero_std": float(adv_lib.zero_std_fraction(jnp.asarray(all_rewards), G)),
+        },
+        rounds=len(rounds),
+        device_start=device_start,
+        reward_seconds=sum(ro.reward_seconds for ro, _ in rounds),
+        finished_at=time.perf_counter(),
+        data_position=data_position,
+        zeroed_by_truncation=pick("zeroed"),
+        reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
+    )
+
+
+def _sample_log(ctx: RunContext, step: int, rollouts: list, row_index: np.ndarray, rewards: np.ndarray,
+                parts: dict[str, np.ndarray]) -> list[dict]:
+    """The samples log: this process's rows among the chosen ones (`row_index` into the rows of
+    every round), in batch order; `rewards` and `parts` are the chosen rows'."""
+    g = ctx.config.grpo
+    G, B = g.num_generations, g.prompts_per_step
+    local = ctx.processes.prompt_slice(B)
     local_rows = {}
-    for round_i, (ro, _) in enumerate(rounds):
+    for round_i, ro in enumerate(rollouts):
         first_row = round_i * B * G + local.start * G
         for j in range(len(ro.completions)):
             local_rows[first_row + j] = (ro, j)
-    rewards = pick("rewards")
-    parts = {name: np.concatenate([r["parts"][name] for _, r in rounds])[row_index] for name in rounds[0][1]["parts"]}
     samples = []
     every = ctx.config.train.samples_every
     logged = bool(every) and (step % every == 0 or step == 1)  # the steps train.py writes samples for
@@ -180,29 +219,11 @@ def collect(ctx: RunContext, state: RunState, step: int, first, device_free_at: 
                 "reward": float(rewards[i]),
                 **{f"rewards/{n}": float(v[i]) for n, v in parts.items()},
             })
-    batch = StepBatch(
-        arrays=arrays,
-        rewards=rewards,
-        reward_parts=parts,
-        lengths=pick("lengths"),
-        truncated=pick("truncated"),
-        samples=samples,
-        sampled={
-            "reward": _nan_mean(all_rewards),
-            "frac_reward_zero_std": float(adv_lib.zero_std_fraction(jnp.asarray(all_rewards), G)),
-        },
-        rounds=len(rounds),
-        device_start=device_start,
-        reward_seconds=sum(ro.reward_seconds for ro, _ in rounds),
-        finished_at=time.perf_counter(),
-        zeroed_by_truncation=pick("zeroed"),
-        reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
-    )
-    return batch, data_position
+    return samples
 
 
-def score(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Phase 4: (advantages [B] float32, completion mask [B, C] int32 of the tokens that train).
+def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Phase 4 (the rewards were scored in `sample_and_score`): (advantages [B] float32, completion mask [B, C] int32 of the tokens that train).
 
     Truncated completions are masked out of the loss with `grpo.mask_truncated_completions`; their
     rewards still count in their groups' baselines. `grpo.adv_estimator` picks the estimator
@@ -245,9 +266,9 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
     return rows
 
 
-def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, step: int):
-    """Phase 5: (ref_logp or None, old_logp), [B, C] global arrays; dispatched, not waited for.
-    With a distillation teacher (`ctx.teacher`), its pass's arrays are added to `rows`.
+def logprobs(ctx: RunContext, state: RunState, rows: dict):
+    """Phase 5: (ref_logp or None, old_logp, when the passes were ready: None if none ran), [B, C]
+    global arrays; dispatched, not waited for. With a distillation teacher (`ctx.teacher`), its pass's arrays are added to `rows`.
 
     pi_old (`GRPOSection.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
     over the batch ("recompute"), or None ("in_loss": the loss reads its own). Length-bucketed
@@ -278,16 +299,14 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict, times: ReadyTimes, st
         old_logp = pass_over_rows(ctx.policy_params(state))
     computed = [x for x in (ref_logp, old_logp if source == "recompute" else None) if x is not None]
     computed += list(teacher.values())
-    if computed:
-        times.watch(f"logprobs:{step}", computed)
-    return ref_logp, old_logp
+    return ref_logp, old_logp, (ReadyAt(computed) if computed else None)
 
 
-def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, times: ReadyTimes, step: int):
+def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, step: int):
     """Phase 6: `num_iterations` passes over the batch, each `num_minibatches` optimizer updates of
     `grad_accum_steps` micro-batches (length-bucketed: `ctx.bucketing`'s chunks of the minibatch
-    instead). Returns the new state and the updates' metrics (device arrays, not read: the caller
-    reads them one step later)."""
+    instead). Returns the new state, the updates' metrics (device arrays, not read: the caller
+    reads them one step later) and when those were ready."""
     g = ctx.config.grpo
     full = step_lib.UpdateBatch(
         tokens=rows["tokens"],
@@ -329,8 +348,17 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, tim
                                                              aggregation=g.resolved_aggregation(), mesh=ctx.mesh,
                                                              frozen=state.base_params)
             metrics.append(m)
-    times.watch(f"update:{step}", metrics)
-    return dataclasses.replace(state, params=params, opt_state=opt_state), metrics
+    return dataclasses.replace(state, params=params, opt_state=opt_state), metrics, ReadyAt(metrics)
+
+
+def sync_reference(ctx: RunContext, state: RunState, step: int) -> RunState:
+    """After step `step`'s update: every `grpo.ref_resync_every` steps (TRL's ref_model_sync_steps,
+    with mixup alpha 1) the reference becomes a frozen copy of the policy, so the KL term pulls
+    toward a recent policy instead of the start."""
+    g = ctx.config.grpo
+    if ctx.uses_reference and g.ref_resync_every and step % g.ref_resync_every == 0:
+        state = dataclasses.replace(state, ref_params=step_lib.frozen_copy(state.params, ctx.ref_dtype))
+    return state
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
@@ -347,25 +375,13 @@ def _nan_std(x: np.ndarray) -> float:
     return float(np.nanstd(x)) if np.isfinite(x).any() else float("nan")
 
 
-def report(
-    ctx: RunContext,
-    step: int,
-    data_position: int,
-    batch: StepBatch,
-    advantages: np.ndarray,
-    update_metrics: list[dict[str, float]],
-    *,
-    logprobs_dispatched_at: float,
-    logprobs_ready_at: float | None,
-    update_dispatched_at: float,
-    update_ready_at: float,
-) -> dict[str, float]:
+def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
+           update_metrics: list[dict[str, float]], times: dict[str, float]) -> dict[str, float]:
     """Phase 7: the step's metrics row. `update_metrics` are every update's, read to floats;
-    times are perf_counter() readings (when work was dispatched, when its results were ready)."""
+    `times` the step's time/* seconds and tokens_per_second (`step_record.StepRecord.times`)."""
     g = ctx.config.grpo
     G = g.num_generations
     metrics = step_lib.combine_update_metrics(update_metrics)
-    logprobs_end = logprobs_ready_at if logprobs_ready_at is not None else logprobs_dispatched_at
     metrics.update({
         "reward": _nan_mean(batch.rewards),
         "reward_std": _nan_std(batch.rewards),
@@ -382,16 +398,9 @@ def report(
         "advantages/max": float(advantages.max()),
         "advantages/min": float(advantages.min()),
         "learning_rate": float(ctx.schedule(max(0, (step - 1) * ctx.updates_per_step))),
-        # TRL splits generation from scoring: time/rollout is sampling + decoding text.
-        "time/rollout": batch.finished_at - batch.device_start - batch.reward_seconds,
-        "time/reward": batch.reward_seconds,
-        "time/logprobs": logprobs_end - logprobs_dispatched_at,
-        # The device runs in order: the update starts when it is dispatched and the log-probs are done.
-        "time/update": update_ready_at - max(update_dispatched_at, logprobs_end),
-        "time/step": update_ready_at - batch.device_start,
-        "data_position": data_position,
+        **times,
+        "data_position": batch.data_position,
     })
-    metrics["tokens_per_second"] = float(batch.arrays["mask"].sum()) / max(metrics["time/step"], 1e-9)
     if g.dynamic_sampling:
         metrics["dynamic_sampling/rounds"] = batch.rounds
         # What was sampled, before the filter kept the informative groups.

@@ -1,16 +1,18 @@
 """The GRPO loop (seed, Step 5): build the run, restore or start its state, then step by step
 
-    collect -> score -> logprobs -> update -> report -> (evaluate) -> (save)
+    sample_and_score -> compute_advantages -> logprobs -> update -> sync_reference -> report
+    -> (evaluate) -> (save)
 
 with the phases of `grpo_jax.training.phases` around an explicit `RunState` (step, data position, params,
 optimizer state, reference). The policy params and the optimizer state are donated to each update;
 the reference is a separate frozen tree the optimizer never sees (Simply's layout).
 
 The host never stalls the devices: JAX dispatches asynchronously, and the loop starts step N's
-rollout before it reads step N-1's update metrics (nanodo's order), so the devices go straight from
-one step's update to the next step's sampling while the host writes the previous step's row. With
-`train.max_staleness` > 0 the batches come instead from a rollout thread sampling from older params
-(`grpo_jax.training.async_rollouts`), and the same loop trains on them.
+rollout before it reads step N-1's update metrics (nanodo's order, `step_record.StepLog`), so the
+devices go straight from one step's update to the next step's sampling while the host writes the
+previous step's row. The batches come from a `batch_source.BatchSource`: sampled from the latest
+params, or with `train.max_staleness` > 0 from a rollout thread sampling from older params
+(`grpo_jax.training.async_rollouts`); the same loop trains on both.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax.training import async_rollouts
 from grpo_jax import config as config_lib
+from grpo_jax.training import batch_source
 from grpo_jax.training import phases
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import run_context
@@ -33,14 +35,15 @@ from grpo_jax.io import run_dir as run_dir_lib
 from grpo_jax.distributed import sharding
 from grpo_jax.io import run_paths
 from grpo_jax.training import run_state
-from grpo_jax.training import step as step_lib
 from grpo_jax.io.checkpoint import CheckpointManager
 from grpo_jax.training.diagnostics import Diagnostics
 from grpo_jax.io.metrics import MetricsWriter
 from grpo_jax.rewards import RewardInterrupted
 from grpo_jax.training.signal_watch import SignalWatch
+from grpo_jax.training.batch_source import BatchSource
 from grpo_jax.training.run_context import RunContext, RunState
-from grpo_jax.training.timing import ReadyTimes
+from grpo_jax.training.step_record import StepLog, StepRecord
+from grpo_jax.training.timing import PhaseTiming
 
 log = logging.getLogger("grpo_jax")
 
@@ -130,87 +133,29 @@ class _StopFlag:
 
 
 # ----------------------------------------------------------------------------------------------
-# One step, and what is read one step later.
+# One step.
 
 
-@dataclasses.dataclass
-class _PendingReport:
-    """A dispatched step whose update metrics have not been read yet."""
-
-    step: int
-    data_position: int
-    batch: phases.StepBatch
-    advantages: Any
-    update_metrics: list  # device arrays
-    logprobs_dispatched_at: float
-    update_dispatched_at: float
-    compiles: int = 0  # XLA compilations while dispatching this step
-
-
-def grpo_step(ctx: RunContext, state: RunState, first_round, device_free_at: float, times: ReadyTimes,
-              should_stop=None):
-    """Phases 1-6 of step `state.step + 1`, with its first sampler round already dispatched.
-    Returns the new state and what `_read_report` needs; nothing here waits for the update."""
-    batch, data_position = phases.collect(ctx, state, state.step + 1, first_round, device_free_at, should_stop)
-    return train_on_batch(ctx, state, batch, data_position, times)
-
-
-def train_on_batch(ctx: RunContext, state: RunState, batch: phases.StepBatch, data_position: int,
-                   times: ReadyTimes):
-    """Phases 4-6 of step `state.step + 1` on its collected `batch` (the data position after it):
-    the new state and what `_read_report` needs; nothing here waits for the update."""
+def train_on_batch(ctx: RunContext, state: RunState, batch: phases.StepBatch) -> tuple[RunState, StepRecord]:
+    """Phases 4-6 of step `state.step + 1` on its sampled and scored `batch`: the new state and the
+    step's record (read one step later, `step_record.StepLog`); nothing here waits for the update."""
     step = state.step + 1
-    advantages, completion_mask = phases.score(ctx, batch)
+    advantages, completion_mask = phases.compute_advantages(ctx, batch)
     rows = phases.device_rows(ctx, batch, advantages, completion_mask)
     logprobs_dispatched_at = time.perf_counter()
-    ref_logp, old_logp = phases.logprobs(ctx, state, rows, times, step)
+    ref_logp, old_logp, logprobs_ready = phases.logprobs(ctx, state, rows)
     update_dispatched_at = time.perf_counter()
-    state, update_metrics = phases.update(ctx, state, rows, ref_logp, old_logp, times, step)
-    g = ctx.config.grpo
-    if ctx.uses_reference and g.ref_resync_every and step % g.ref_resync_every == 0:
-        state = dataclasses.replace(state, ref_params=step_lib.frozen_copy(state.params, ctx.ref_dtype))
-    state = dataclasses.replace(state, step=step, data_position=data_position)
-    pending = _PendingReport(
+    state, update_metrics, update_ready = phases.update(ctx, state, rows, ref_logp, old_logp, step)
+    state = phases.sync_reference(ctx, state, step)
+    state = dataclasses.replace(state, step=step, data_position=batch.data_position)
+    return state, StepRecord(
         step=step,
-        data_position=data_position,
         batch=batch,
         advantages=advantages,
         update_metrics=update_metrics,
-        logprobs_dispatched_at=logprobs_dispatched_at,
-        update_dispatched_at=update_dispatched_at,
+        logprobs=PhaseTiming(logprobs_dispatched_at, logprobs_ready),
+        update=PhaseTiming(update_dispatched_at, update_ready),
     )
-    return state, pending
-
-
-def _read_report(ctx: RunContext, pending: _PendingReport, times: ReadyTimes) -> tuple[dict, float]:
-    """(the step's metrics row, when its update finished): reads the update metrics (waiting for
-    them if they are not ready) and assembles the row."""
-    update_ready_at = times.ready_at(f"update:{pending.step}")
-    logprobs_ready_at = (
-        times.ready_at(f"logprobs:{pending.step}") if f"logprobs:{pending.step}" in times else None
-    )
-    update_metrics = [{k: float(v) for k, v in m.items()} for m in pending.update_metrics]
-    metrics = phases.report(
-        ctx,
-        pending.step,
-        pending.data_position,
-        pending.batch,
-        pending.advantages,
-        update_metrics,
-        logprobs_dispatched_at=pending.logprobs_dispatched_at,
-        logprobs_ready_at=logprobs_ready_at,
-        update_dispatched_at=pending.update_dispatched_at,
-        update_ready_at=update_ready_at,
-    )
-    if pending.compiles:
-        log.warning(
-            "step %d recompiled %d XLA program(s); shapes changed after warm-up (prompt length bucket or batch "
-            "shape)",
-            pending.step,
-            pending.compiles,
-        )
-        metrics["recompiles"] = pending.compiles
-    return metrics, update_ready_at
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,28 +184,14 @@ def run(
     _log_like_the_cli()
     if _COMPILES is None:
         _COMPILES = _CompileCounter()
-    run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
-    run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
-                        primary=jax.process_index() == 0)
-    if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
+    _prepare_run_dir(config, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change)
     ctx, fresh = run_context.build(config, task=task, tokenizer=tokenizer)
     if ctx.processes.is_primary:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = CheckpointManager(
         run_state.ckpt_dir_of(ctx.run_dir), max_to_keep=config.train.keep_checkpoints, async_save=config.train.async_checkpoints
     )
-    writer = MetricsWriter(
-        ctx.run_dir,
-        total_steps=config.train.steps,
-        console=config.train.progress,
-        key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
-        report_to=config.train.report_to,
-        wandb_project=config.train.wandb_project,
-        run_config=config_lib.to_dict(config),
-    )
+    writer = _metrics_writer(config, ctx.run_dir)
     loop = _Loop(ctx, ckpt, writer)
     state = None
     try:
@@ -287,6 +218,29 @@ def run(
     if state.step == config.train.steps and config.train.export_hf:
         run_state.export_hf(ctx, state)
     return RunResult(ctx.run_dir, state.step, loop.history, loop.evals, params=state.params, stopped_by=stopped_by)
+
+
+def _prepare_run_dir(config: config_lib.Config, *, resume: bool, overwrite: bool, allow_config_change: bool) -> None:
+    """The run directory checked (a previous run is resumed or replaced, never mixed), on every process."""
+    run_dir = run_paths.as_path(config.train.run_dir)  # gs://... stays itself
+    run_dir_lib.prepare(config, run_dir, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change,
+                        primary=jax.process_index() == 0)
+    if jax.process_count() > 1:  # the primary may have removed an old run: nobody opens it before that
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("grpo_jax run_dir prepared")
+
+
+def _metrics_writer(config: config_lib.Config, run_dir) -> MetricsWriter:
+    return MetricsWriter(
+        run_dir,
+        total_steps=config.train.steps,
+        console=config.train.progress,
+        key_metrics=("reward", "frac_reward_zero_std", "kl", "entropy", "eval/pass@1"),
+        report_to=config.train.report_to,
+        wandb_project=config.train.wandb_project,
+        run_config=config_lib.to_dict(config),
+    )
 
 
 class _Loop:
@@ -328,7 +282,10 @@ class _Loop:
         self.evals.append({"step": step, **res})
         return res
 
-    def write(self, row: dict) -> None:
+    def write(self, row: dict | None) -> None:
+        """Logs a metrics row (None: no row, nothing to do), and stops a run stuck on skipped updates."""
+        if row is None:
+            return
         t_cfg = self.ctx.config.train
         self.diagnostics.update(row["step"], row)  # logs each warning itself
         self.watch.update(row["step"], row)
@@ -365,89 +322,80 @@ class _Loop:
 
     def train(self, state: RunState, stop: _StopFlag) -> tuple[RunState, str | None]:
         """Steps until train.steps or a stop; returns the final state and what stopped it (or None)."""
-        ctx, t_cfg, e_cfg = self.ctx, self.ctx.config.train, self.ctx.config.eval
-        start_step = state.step
+        ctx = self.ctx
         self.state = state
         if state.diagnostics is not None:  # resumed: the warnings continue from the saved window
             self.diagnostics.load_state_dict(state.diagnostics)
         if state.step == 0 and ctx.eval_examples:
             self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
         # train.max_staleness > 0: batches come from the rollout thread, sampled from older params.
-        batches = None
-        if ctx.rollout is not None:
-            batches = async_rollouts.AsyncBatches(ctx, state, should_stop=lambda: stop.signal is not None)
+        source = batch_source.open_source(ctx, state, should_stop=lambda: stop.signal is not None)
         try:
-            return self._steps(state, stop, batches, start_step)
+            return self._steps(state, stop, source)
         finally:
-            if batches is not None:
-                batches.close()
+            source.close()
 
-    def _row(self, pending: _PendingReport, times: ReadyTimes, batches) -> tuple[dict, float]:
-        """(a dispatched step's metrics row, when its update finished), waiting for the update."""
-        row, update_ready_at = _read_report(self.ctx, pending, times)
-        if batches is not None:
-            row.update(batches.row_metrics(pending.step, update_ready_at))
-            row["tokens_per_second"] = float(pending.batch.arrays["mask"].sum()) / max(row["time/step"], 1e-9)
-        return row, update_ready_at
-
-    def _steps(self, state: RunState, stop: _StopFlag, batches, start_step: int) -> tuple[RunState, str | None]:
-        ctx, t_cfg, e_cfg = self.ctx, self.ctx.config.train, self.ctx.config.eval
-        times = ReadyTimes()
-        pending, device_free_at, stopped_by = None, time.perf_counter(), None
-        while state.step < t_cfg.steps:
-            step = state.step + 1
-            compiles_before = _COMPILES.count
-            first_round = None if batches else phases.dispatch_round(ctx, state, step, state.data_position, 0)
-            if pending is not None:  # step N-1's row, read while the devices sample step N
-                row, device_free_at = self._row(pending, times, batches)
-                self.write({"step": pending.step, **row})
-            # One process alone must not leave a step early: the others would wait at its gathers.
-            # Several processes therefore stop at step boundaries only, all together (below).
-            interrupt = (lambda: stop.signal is not None) if ctx.processes.count == 1 else None
+    def _steps(self, state: RunState, stop: _StopFlag, source: BatchSource) -> tuple[RunState, str | None]:
+        """The seed's Step 5, once per step: sample and score a batch, train on it, report it."""
+        ctx, start_step, stopped_by = self.ctx, state.step, None
+        late = StepLog(ctx, source)
+        # One process alone must not leave a step early: the others would wait at its gathers.
+        # Several processes therefore stop at step boundaries only, all together (`_stop_reason`).
+        interrupt = (lambda: stop.signal is not None) if ctx.processes.count == 1 else None
+        while state.step < ctx.config.train.steps and not stopped_by:
+            step, compiles_before = state.step + 1, _COMPILES.count
+            source.begin(state)  # step N's sampling goes out before step N-1's row is read (nanodo)
+            self.write(late.read())
             try:
-                if batches is None:
-                    state, pending = grpo_step(ctx, state, first_round, device_free_at, times, should_stop=interrupt)
-                else:
-                    batch, data_position = batches.take(state)
-                    state, pending = train_on_batch(ctx, state, batch, data_position, times)
-                    state = batches.published(state, pending.update_metrics)
-            except RewardInterrupted:
-                # A reward function was still running: the step is dropped, the last one is saved.
-                stopped_by = signal.Signals(stop.signal).name
-                if state.step != self.saved_step and state.step > 0:
-                    self.save(state)
-                log.warning("stopped during step %d's rewards (%s); step %d saved, resume with --resume",
-                            step, stopped_by, state.step)
-                return state, stopped_by
-            self.state = state
+                batch = source.next_batch(state, late.device_free_at, interrupt)
+            except RewardInterrupted:  # a reward function was still running: the step is dropped
+                return self._stopped_in_rewards(state, step, stop)
+            state, record = train_on_batch(ctx, state, batch)
+            self.state = state = source.published(state, record.update_metrics)
             # The first steps of this process compile (resumed runs too); later compiles are reported.
-            pending.compiles = _COMPILES.count - compiles_before if step - start_step > 2 else 0
-
-            if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
-                self.writer.write_samples(step, pending.batch.samples)
-            # A preempted TPU VM gets SIGTERM alone: every process stops after the same step.
-            if ctx.processes.any(stop.signal is not None):
-                stopped_by = signal.Signals(stop.signal).name if stop.signal is not None else "SIGTERM on another process"
-            if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
-                stopped_by = "stop_after_steps"
-            evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)
-            save_now = (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps
-            # A checkpoint holds the diagnostics' window up to its own step, so the row is read first
-            # (the save waits for the update anyway, to copy its arrays).
-            if evaluate_now or save_now:
-                # The row is needed now (held-out figures join it, or the run ends here).
-                row, device_free_at = self._row(pending, times, batches)
-                pending = None
-                if evaluate_now:
-                    row.update(self.evaluate(ctx.policy_params(state), step))
-                    device_free_at = time.perf_counter()
-                self.write({"step": step, **row})
-            if save_now:
-                self.save(state)
-            if stopped_by:
-                log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
-                break
-        if pending is not None:
-            row, _ = self._row(pending, times, batches)
-            self.write({"step": pending.step, **row})
+            record.compiles = _COMPILES.count - compiles_before if step - start_step > 2 else 0
+            late.hold(record)
+            stopped_by = self._stop_reason(stop, step, start_step)
+            self._after_step(state, record, late, stopped_by)
+        self.write(late.read())
         return state, stopped_by
+
+    def _stopped_in_rewards(self, state: RunState, step: int, stop: _StopFlag) -> tuple[RunState, str]:
+        """A stop signal interrupted step `step`'s reward functions: the last finished step is saved."""
+        stopped_by = signal.Signals(stop.signal).name
+        if state.step != self.saved_step and state.step > 0:
+            self.save(state)
+        log.warning("stopped during step %d's rewards (%s); step %d saved, resume with --resume",
+                    step, stopped_by, state.step)
+        return state, stopped_by
+
+    def _stop_reason(self, stop: _StopFlag, step: int, start_step: int) -> str | None:
+        """Why the run stops after `step` (None: it goes on). A preempted TPU VM gets SIGTERM alone:
+        every process stops after the same step."""
+        t_cfg, stopped_by = self.ctx.config.train, None
+        if self.ctx.processes.any(stop.signal is not None):
+            stopped_by = signal.Signals(stop.signal).name if stop.signal is not None else "SIGTERM on another process"
+        if t_cfg.stop_after_steps and step - start_step >= t_cfg.stop_after_steps and step < t_cfg.steps:
+            stopped_by = "stop_after_steps"
+        return stopped_by
+
+    def _after_step(self, state: RunState, record: StepRecord, late: StepLog, stopped_by: str | None) -> None:
+        """Samples, evaluation and checkpoint after step `state.step` was dispatched."""
+        ctx, t_cfg, e_cfg, step = self.ctx, self.ctx.config.train, self.ctx.config.eval, state.step
+        if t_cfg.samples_every and (step % t_cfg.samples_every == 0 or step == 1):
+            self.writer.write_samples(step, record.batch.samples)
+        evaluate_now = ctx.eval_examples and ((e_cfg.every and step % e_cfg.every == 0) or step == t_cfg.steps)
+        save_now = (t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0) or stopped_by or step == t_cfg.steps
+        # A checkpoint holds the diagnostics' window up to its own step, so the row is read first
+        # (the save waits for the update anyway, to copy its arrays).
+        if evaluate_now or save_now:
+            # The row is needed now (held-out figures join it, or the run ends here).
+            row = late.read()
+            if evaluate_now:
+                row.update(self.evaluate(ctx.policy_params(state), step))
+                late.devices_free()
+            self.write(row)
+        if save_now:
+            self.save(state)
+        if stopped_by:
+            log.warning("stopped at step %d (%s); resume with --resume", step, stopped_by)
