@@ -429,7 +429,8 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
 
     trainable, frozen = (st.params, ()) if st.lora is None else (st.adapters, (st.params,))
     update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group, lora=st.lora),
+        step_lib.make_update_fn(st.graphdef, st.tx, g, s_cfg.temperature, group_size=update_group, lora=st.lora,
+                                off_policy=config.off_policy),
         mesh, trainable, st.opt_state, frozen=frozen[0] if frozen else None,
         compiler_options=remat.backward_compiler_options(model_config))
     a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)

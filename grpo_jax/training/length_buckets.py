@@ -161,7 +161,8 @@ class Bucketing:
 
 def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, params, opt_state,
                    update_group: int, logprob_group: int, lora=None, frozen=None,
-                   compiler_options: dict | None = None) -> Bucketing | None:
+                   compiler_options: dict | None = None, off_policy=None) -> Bucketing | None:
+    # off_policy: the sampler correction's settings (config.off_policy; None: the defaults).
     """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh. With `lora`,
     `params` are the adapters and `frozen` the base (the log-prob pass runs on full params)."""
     if mode == "off":
@@ -173,7 +174,8 @@ def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, p
         rows=chunk_rows(rows_per_minibatch, rows_per_minibatch // grpo.grad_accum_steps, multiple),
         update=step_lib.make_chunked_update(graphdef, tx, grpo, temperature, mesh=mesh, params=params,
                                             opt_state=opt_state, lora=lora, frozen=frozen,
-                                            compiler_options=compiler_options),
+                                            compiler_options=compiler_options,
+                                            **({} if off_policy is None else {"off_policy": off_policy})),
         logprob_fn=step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh,
                                             params=params if frozen is None else frozen),
         update_group=update_group,

@@ -349,7 +349,8 @@ def rollout_placement(config: config_lib.Config, graphdef, model_config, tokeniz
 
 
 def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
-                   lora=None, frozen=None, model_config=None):
+                   lora=None, frozen=None, model_config=None,
+                   off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
     prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
     passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). With `lora`,
@@ -359,7 +360,8 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     rows_per_micro = g_cfg.prompts_per_step * g_cfg.num_generations // (g_cfg.num_minibatches * g_cfg.grad_accum_steps)
     update_group, logprob_group = step_lib.prompt_groups(g_cfg, rows_per_micro, sharding.batch_size_multiple(mesh))
     update_fn = sharding.shard_update_fn(
-        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora), mesh, params,
+        step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group, lora=lora,
+                                off_policy=off_policy), mesh, params,
         opt_state, frozen=frozen, compiler_options=options,
     )
     model_params = params if frozen is None else frozen
@@ -372,7 +374,7 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     bucketing = length_buckets.make_bucketing(
         bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, lora=lora, frozen=frozen,
-        compiler_options=options,
+        compiler_options=options, off_policy=off_policy,
     )
     return update_fn, logprob_fn, bucketing
 
@@ -440,7 +442,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(g_cfg, s_cfg.temperature, graphdef, tx, mesh=mesh,
                                                       params=params, opt_state=opt_state, lora=spec, frozen=base,
-                                                      model_config=model_config)
+                                                      model_config=model_config, off_policy=config.off_policy)
     pool = None
     if t_cfg.verifier_workers > 0:
         from grpo_jax.rewards import VerifierPool

@@ -159,10 +159,11 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
-def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, lora=None):
+def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, lora=None,
+                  off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """`loss_fn(params, mb, normalizer, frozen) -> (loss, (metrics, num_tokens))` of one micro-batch
     [M, ...]: its share of the whole batch's loss (`normalizer` is the whole batch's), and its
-    metrics. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
+    metrics; `off_policy` holds the sampler correction's settings. `params` are what trains: the model's params, or with `lora` (a `lora.LoraSpec`) the
     adapters, merged into `frozen` (the base params; None otherwise) inside the loss."""
 
     loss_type, aggregation, ratio = grpo.resolved_loss()
@@ -290,7 +291,8 @@ def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
 
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1,
-                   lora=None, compiler_options: dict | None = None):
+                   lora=None, compiler_options: dict | None = None,
+                   off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """Returns the jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`.
 
     With `lora` (a `lora.LoraSpec`), `params` are the adapters and `frozen` the base params they
@@ -311,7 +313,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
     times `distillation.distillation_loss` and the metrics its `distillation/reverse_kl`.
     """
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora, off_policy), has_aux=True)
 
     def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
@@ -365,14 +367,15 @@ class ChunkedUpdate:
 
 def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
                         opt_state, group_size: int = 1, lora=None, frozen=None,
-                        compiler_options: dict | None = None) -> ChunkedUpdate:
+                        compiler_options: dict | None = None,
+                        off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
     layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With `lora`,
     `params` are the adapters and `accumulate` takes the base (`frozen`, for its layout) last."""
     if grpo.use_adaptive_entropy:
         raise ValueError("make_chunked_update: grpo.use_adaptive_entropy needs the controller's coefficient in "
                          "each micro-batch's loss, which only make_update_fn reads from opt_state; run it unbucketed")
-    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora), has_aux=True)
+    grad_fn = jax.value_and_grad(_make_loss_fn(graphdef, grpo, temperature, group_size, lora, off_policy), has_aux=True)
 
     def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
         (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen)
