@@ -37,7 +37,7 @@ def test_override_parses_by_field_type():
     # a reference resynced every N steps is never read without a KL term.
     ("model.param_dtype=bfloat16", ["model.param_dtype='bfloat16'", "round", "model.dtype='bfloat16'"]),
     ("grpo.ref_resync_every=10", ["grpo.ref_resync_every=10", "grpo.beta=0"]),
-    ("grpo.truncated_reward=one", ["grpo.truncated_reward", "at_most_zero", "as_scored"]),
+    ("rewards.truncated_reward=one", ["rewards.truncated_reward", "at_most_zero", "as_scored"]),
     # Hostile values: `nan < 0` is False, so NaN passed every range check and trained NaN params;
     # a negative advantage eps flipped every advantage's sign; an empty run_dir wrote into the cwd.
     ("optim.learning_rate=nan", ["optim.learning_rate=nan", "finite"]),
@@ -45,7 +45,7 @@ def test_override_parses_by_field_type():
     ("grpo.eps_low=inf", ["grpo.eps_low=inf", "finite"]),
     ("grpo.advantage_eps=-1", ["grpo.advantage_eps=-1", ">= 0"]),
     ("train.run_dir=", ["train.run_dir is empty"]),
-    ("train.reward_timeout_s=-5", ["train.reward_timeout_s", ">= 0"]),
+    ("rewards.timeout_s=-5", ["rewards.timeout_s", ">= 0"]),
 ])
 def test_bad_override_names_the_key(override, words):
     with pytest.raises(ConfigError) as err:

@@ -1,5 +1,5 @@
 """Off-policy training: the sampler correction wired into the trainer, and asynchronous rollouts
-(`train.max_staleness`): the schedule, exactness against the synchronous loop, exact resume with
+(`off_policy.max_staleness`): the schedule, exactness against the synchronous loop, exact resume with
 batches in flight, and the 4 + 4 device split (tests/async_split_check.py).
 
 The tiny SevensTask config of tests/test_train.py (beta 0.04, two minibatches: pi_old is a trainer
@@ -31,7 +31,8 @@ TESTS = Path(__file__).parent
 
 def _config(run_dir, k, **train):
     cfg = tiny_config(run_dir)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_staleness=k, **train))
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train),
+                               off_policy=dataclasses.replace(cfg.off_policy, max_staleness=k))
 
 
 def _same_bits(a, b):
@@ -167,23 +168,25 @@ def test_a_batch_older_than_the_bound_is_dropped_counted_and_sampled_again(tmp_p
 
 
 def test_async_config_errors_name_the_fields(tmp_path):
-    with pytest.raises(ConfigError, match="mesh.rollout_devices=2 needs train.max_staleness >= 1"):
+    with pytest.raises(ConfigError, match="off_policy.rollout_devices=2 needs off_policy.max_staleness >= 1"):
         cfg = tiny_config(tmp_path)
-        dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rollout_devices=2))
-    with pytest.raises(ConfigError, match="mesh.rollout_devices=1 leaves no device"):
+        dataclasses.replace(cfg,
+                            off_policy=dataclasses.replace(cfg.off_policy, rollout_devices=2))
+    with pytest.raises(ConfigError, match="off_policy.rollout_devices=1 leaves no device"):
         cfg = _config(tmp_path, 1)
-        run_context.build(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rollout_devices=1)),
+        run_context.build(dataclasses.replace(cfg,
+                                              off_policy=dataclasses.replace(cfg.off_policy, rollout_devices=1)),
                           task=SevensTask())
-    with pytest.raises(ConfigError, match="train.max_staleness"):
-        dataclasses.replace(tiny_config(tmp_path), train=dataclasses.replace(tiny_config(tmp_path).train,
-                                                                             max_staleness=-1))
+    with pytest.raises(ConfigError, match="off_policy.max_staleness"):
+        dataclasses.replace(tiny_config(tmp_path),
+                            off_policy=dataclasses.replace(tiny_config(tmp_path).off_policy, max_staleness=-1))
 
 
 def test_resuming_with_another_staleness_is_refused_and_the_checkpoints_stay(tmp_path):
     train.run(_config(tmp_path, 1, steps=4, stop_after_steps=2), task=SevensTask())
     steps_before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     for k in (0, 2):
-        with pytest.raises(RunDirError, match="train.max_staleness changed 1 -> %d" % k):
+        with pytest.raises(RunDirError, match="off_policy.max_staleness changed 1 -> %d" % k):
             train.run(_config(tmp_path, k, steps=4), resume=True, allow_config_change=True, task=SevensTask())
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == steps_before
 

@@ -20,8 +20,8 @@ import pytest
 
 from grpo_jax.training import phases, run_state, train
 from grpo_jax.training import step as step_lib
-from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
-                             TrainSection)
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, RewardsSection,
+                             SamplingSection, TrainSection)
 from grpo_jax.rewards import RewardTimeoutError
 from grpo_jax.tasks import RewardSpec
 from tolerances import ADAM_EPS_FOR_COMPARISONS, GRAD_REL_ERR, adam_weight_atol
@@ -60,12 +60,12 @@ def tiny_config(run_dir, **train_overrides) -> Config:
                            num_heads=2, num_kv_heads=1, head_dim=16),
         sampling=SamplingSection(max_new_tokens=4),
         # The sevens reward counts 7s in 4 tokens, EOS or not, so truncated answers keep their score.
-        grpo=GRPOSection(prompts_per_step=4, num_generations=4, beta=0.04, num_minibatches=2,
-                         truncated_reward="as_scored"),
+        grpo=GRPOSection(prompts_per_step=4, num_generations=4, beta=0.04, num_minibatches=2),
         optim=OptimSection(learning_rate=1e-2),
         eval=EvalSection(every=0, num_questions=0),
         train=TrainSection(steps=6, seed=3, run_dir=str(run_dir), checkpoint_every=1, samples_every=0,
                            progress=False, **train_overrides),
+        rewards=RewardsSection(truncated_reward="as_scored"),
     )
 
 
@@ -265,12 +265,12 @@ def test_every_grpo_option_runs_and_reports(tmp_path):
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(
         cfg,
-        grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2, num_iterations=2,
-                                 old_logprobs="recompute", grad_accum_steps=2, num_minibatches=2,
+        grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2, num_iterations=2, grad_accum_steps=2, num_minibatches=2,
                                  aggregation="token", eps_high=0.28, scale_rewards="batch",
                                  mask_truncated_completions=True, ref_dtype="bfloat16", ref_resync_every=2,
                                  kl="k2", ratio="sequence"),
-        train=dataclasses.replace(cfg.train, steps=3, export_hf=True))
+        train=dataclasses.replace(cfg.train, steps=3, export_hf=True),
+        off_policy=dataclasses.replace(cfg.off_policy, old_logprobs="recompute"))
     result = train.run(cfg, task=SevensTask())
     last = result.history[-1]
     assert 1 <= last["dynamic_sampling/rounds"] <= 3

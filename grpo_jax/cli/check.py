@@ -206,7 +206,7 @@ def resolve_shape(config, preset: str | None):
         eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
         return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
     try:
-        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype="float32", remat=m.remat,
                                          attention_impl=m.attention_impl)
     except (KeyError, ValueError) as e:
         raise config_lib.ConfigError(f"{source}: {e}") from None
@@ -311,13 +311,13 @@ def abstract_state(config, model_config, mesh) -> Abstract:
     params = _with_shardings(params, sharding.param_shardings(mesh, params))
     tx, _ = optim.make_optimizer(config.optim, config.train.steps * g.num_iterations * g.num_minibatches)
     tx = entropy_control.with_controller(tx, g)  # as the trainer's (run_context.build)
-    spec = lora_lib.LoraSpec.from_model_section(m)
+    spec = config.lora.spec(config.model.dtype)
     if spec is not None:  # adapters train over a frozen base (run_context.lora_state)
-        if m.lora_base_dtype == "bfloat16":
+        if config.lora.base_dtype == "bfloat16":
             params = _with_shardings(jax.eval_shape(lambda p: step_lib.as_dtype(p, jnp.bfloat16), params),
                                      sharding.param_shardings(mesh, params))
         adapters = jax.eval_shape(lambda p: lora_lib.init_adapters(p, spec.targets, spec.rank, jax.random.PRNGKey(0),
-                                                                   m.lora_init), params)
+                                                                   config.lora.init), params)
         adapters = _with_shardings(adapters, sharding.param_shardings(mesh, adapters))
         opt_state = jax.eval_shape(tx.init, adapters)
         opt_state = _with_shardings(opt_state, sharding.opt_state_shardings(mesh, opt_state, adapters))
@@ -422,7 +422,7 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     reference = st.ref if st.lora is None else (st.params if g.beta > 0 else None)
     if reference is not None:
         programs["logprobs_ref"] = _compile("logprobs_ref", logprob_fn.jitted.lower(reference, tokens, attention, c))
-    if g.resolved_old_logprobs() == "recompute":
+    if config.resolved_old_logprobs() == "recompute":
         policy = st.params if st.lora is None else merged_policy(st)
         programs["logprobs_policy"] = _compile("logprobs_policy",
                                                logprob_fn.jitted.lower(policy, tokens, attention, c))
@@ -438,7 +438,7 @@ def compiled_programs(config, model_config, mesh, st: Abstract, *, prompt_len: i
     batch = step_lib.UpdateBatch(
         tokens=arr((a, rows_per_micro, seq), i32, mb_sh), attention=arr((a, rows_per_micro, seq), i32, mb_sh),
         completion_mask=arr((a, rows_per_micro, c), i32, mb_sh), advantages=arr((a, rows_per_micro), f32, mb_sh),
-        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
+        old_logp=None if config.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
         ref_logp=per_token if st.ref is not None else None, **teacher_fields(g, (a, rows_per_micro, c), mb_sh))
     programs["update"] = _compile("update", update_fn.lower(trainable, st.opt_state, batch, *frozen))
     if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)
@@ -522,7 +522,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     n = devices or len(all_devices)
     if n > len(all_devices):
         raise config_lib.ConfigError(f"--devices={n} but this process has {len(all_devices)} devices")
-    # The trainer's own refusals and device split (mesh.rollout_devices), with train's words.
+    # The trainer's own refusals and device split (off_policy.rollout_devices), with train's words.
     _, rollout_devices = run_context.split_devices(config, all_devices[:n])
     mesh = run_context.configured_mesh(config, all_devices[:n])
     run_context.check_batch_fits_mesh(config, mesh)
@@ -539,7 +539,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     act_bytes = 2 if model_config.dtype == "bfloat16" else 4
     # The step's rows during the log-prob pass and the update (phases.device_rows): tokens and
     # attention [S], completion mask and sampler log-probs [C], an advantage, ref / old log-probs [C].
-    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.resolved_old_logprobs() == "recompute"))
+    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (config.resolved_old_logprobs() == "recompute"))
     if g.teacher_model_name_or_path:  # the teacher's log-probs [C], or top-k log-probs and ids [C, K]
         per_row += 4 * c * (1 if g.loss_top_k == 0 else 2 * g.loss_top_k)
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
@@ -589,7 +589,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         "rollout_devices": _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
                   "trainable_params": lora_lib.count(trainable),
-                  "lora_r": config.model.lora_r,
+                  "lora_r": config.lora.r,
                   "num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
                   "num_heads": model_config.num_heads, "num_kv_heads": kv_heads, "vocab_size": model_config.vocab_size,
                   "dtype": model_config.dtype, "param_dtype": model_config.param_dtype},
@@ -611,8 +611,8 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
 
 
 def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes) -> dict | None:
-    """mesh.rollout_devices: the sampler's own devices, each with whole float32 snapshots of the
-    policy (one per step of train.max_staleness; grpo_jax.training.async_rollouts) and the KV cache of its
+    """off_policy.rollout_devices: the sampler's own devices, each with whole float32 snapshots of the
+    policy (one per step of off_policy.max_staleness; grpo_jax.training.async_rollouts) and the KV cache of its
     share of the rows. None when the sampler shares the trainer's devices."""
     import jax
 
@@ -622,7 +622,7 @@ def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_con
     weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # LoRA: the merged policy, same shapes
     kv = (rows // r) * seq * model_config.num_layers * 2 * kv_heads * model_config.head_dim * act_bytes
     return {"devices": r, "rows_per_device": rows // r,
-            "snapshot_bytes_per_device": weights * config.train.max_staleness, "kv_cache_bytes_per_device": kv}
+            "snapshot_bytes_per_device": weights * config.off_policy.max_staleness, "kv_cache_bytes_per_device": kv}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -633,7 +633,7 @@ def format_report(f: dict) -> str:
     mesh = " ".join(f"{k}={v}" for k, v in f["mesh"].items())
     split = f.get("rollout_devices")
     where = "" if not split else (
-        f"; rollouts on {split['devices']} more device(s) of their own (mesh.rollout_devices): "
+        f"; rollouts on {split['devices']} more device(s) of their own (off_policy.rollout_devices): "
         f"{split['rows_per_device']} rows each, {gib(split['snapshot_bytes_per_device'])} of policy snapshots "
         f"+ {gib(split['kv_cache_bytes_per_device'])} KV cache per device")
     trainer = f["devices"] - (split["devices"] if split else 0)

@@ -46,8 +46,8 @@ OPERATIONAL_FIELDS = (
     "train.async_checkpoints",
     "train.stop_after_steps",
     "train.export_hf",
-    "train.verifier_workers",
-    "train.reward_timeout_s",
+    "rewards.workers",
+    "rewards.timeout_s",
     "train.max_nonfinite_steps",
     "train.progress",
     "train.report_to",
@@ -57,11 +57,11 @@ OPERATIONAL_FIELDS = (
 
 # Fields that set what a checkpoint holds: a changed value cannot restore it (even with
 # --allow-config-change), and trying would set the good checkpoints aside as corrupt.
-CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness", "model.vocab_size", "model.hidden_size",
+CHECKPOINT_LAYOUT_FIELDS = ("off_policy.max_staleness", "model.vocab_size", "model.hidden_size",
                             "model.intermediate_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
                             "model.head_dim", "model.tie_embeddings", "model.qkv_bias", "model.qk_norm",
-                            "model.lora_r", "model.lora_target_modules")
-_LAYOUT_WHAT = {"train.max_staleness": "the parameter snapshots of in-flight rollouts"}
+                            "lora.r", "lora.target_modules")
+_LAYOUT_WHAT = {"off_policy.max_staleness": "the parameter snapshots of in-flight rollouts"}
 
 
 class RunDirError(ValueError):

@@ -1,4 +1,4 @@
-"""LoRA adapters as an explicit pytree beside the frozen base weights (`model.lora_r > 0`).
+"""LoRA adapters as an explicit pytree beside the frozen base weights (`lora.r > 0`).
 
 For each targeted weight W (HF module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
 down_proj) the adapters hold A [in, r] and B [r, out], with in / out W's input and output
@@ -68,7 +68,7 @@ class LoraSpec:
 
 
 def resolve_targets(names: Iterable[str]) -> tuple[str, ...]:
-    """Weight names from `model.lora_target_modules`: presets expanded, order kept, no repeats."""
+    """Weight names from `lora.target_modules`: presets expanded, order kept, no repeats."""
     out: list[str] = []
     for name in names:
         for weight in PRESETS.get(name, (name,)):

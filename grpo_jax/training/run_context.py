@@ -49,10 +49,10 @@ class RunState:
     params: Any  # the policy, training layout
     opt_state: Any  # Optax state, laid out like the params
     ref_params: Any | None  # the frozen reference (None when grpo.beta == 0)
-    # Asynchronous rollouts (train.max_staleness = k): the k params snapshots the next k steps'
+    # Asynchronous rollouts (off_policy.max_staleness = k): the k params snapshots the next k steps'
     # rollouts sample from, slot j for step `step + 1 + j` (grpo_jax.training.async_rollouts); () otherwise.
     rollout_params: tuple = ()
-    # LoRA (model.lora_r > 0): `params` are the adapters and this is the frozen base they merge
+    # LoRA (lora.r > 0): `params` are the adapters and this is the frozen base they merge
     # into, which is also the reference. None otherwise.
     base_params: Any | None = None
     # The diagnostics' window restored from a checkpoint (`Diagnostics.state_dict`), else None.
@@ -62,7 +62,7 @@ class RunState:
 @dataclasses.dataclass(frozen=True)
 class RolloutPlacement:
     """Where asynchronous rollouts run: on the trainer's devices from a second host thread
-    (`split` False), or on a mesh of their own (`mesh.rollout_devices`). `to_sampler(params)` is
+    (`split` False), or on a mesh of their own (`off_policy.rollout_devices`). `to_sampler(params)` is
     the sampler's copy of the policy: a device copy (the update donates the params it read) or a
     reshard onto the sampler's devices (the weight sync)."""
 
@@ -97,8 +97,8 @@ class RunContext:
     base_key: jax.Array
     eval_examples: list[dict]
     pool: Any  # rewards.VerifierPool or None
-    rollout: RolloutPlacement | None = None  # train.max_staleness > 0
-    lora: lora_lib.LoraSpec | None = None  # model.lora_r > 0
+    rollout: RolloutPlacement | None = None  # off_policy.max_staleness > 0
+    lora: lora_lib.LoraSpec | None = None  # lora.r > 0
     merge_fn: Any = None  # LoRA: jitted (adapters, base) -> full params, training layout
     # On-policy distillation (grpo.teacher_model_name_or_path): the frozen teacher (grpo_jax.training.teacher),
     # here and not in RunState: never trained, never checkpointed, read from its path again on resume.
@@ -144,7 +144,7 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         from grpo_jax.io import hf
 
         try:
-            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype="float32", remat=m.remat,
                                   attention_impl=m.attention_impl)
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
@@ -188,7 +188,7 @@ def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_l
         tie_embeddings=m.tie_embeddings,
         qkv_bias=m.qkv_bias,
         qk_norm=m.qk_norm,
-        param_dtype=m.param_dtype,
+        param_dtype="float32",
         dtype=m.dtype,
         remat=m.remat,
         attention_impl=m.attention_impl,
@@ -280,49 +280,49 @@ def configured_task(config: config_lib.Config):
 
 
 def with_configured_rewards(config: config_lib.Config, task):
-    """`task` with `task.reward_funcs` (import paths) in place of its own reward functions, if set."""
-    if not config.task.reward_funcs:
-        if config.task.reward_weights:
-            raise config_lib.ConfigError(f"task.reward_weights={list(config.task.reward_weights)} without "
-                                         "task.reward_funcs: the weights are for your own functions; set both")
+    """`task` with `rewards.reward_funcs` (import paths) in place of its own reward functions, if set."""
+    if not config.rewards.reward_funcs:
+        if config.rewards.reward_weights:
+            raise config_lib.ConfigError(f"rewards.reward_weights={list(config.rewards.reward_weights)} without "
+                                         "rewards.reward_funcs: the weights are for your own functions; set both")
         return task
     try:
-        return with_reward_funcs(task, config.task.reward_funcs, config.task.reward_weights)
+        return with_reward_funcs(task, config.rewards.reward_funcs, config.rewards.reward_weights)
     except ValueError as e:
-        raise config_lib.ConfigError(f"task.reward_funcs={list(config.task.reward_funcs)}: {e}") from None
+        raise config_lib.ConfigError(f"rewards.reward_funcs={list(config.rewards.reward_funcs)}: {e}") from None
 
 
 def split_devices(config: config_lib.Config, devices: list | None = None) -> tuple[list, list]:
     """(the trainer's devices, the sampler's) of `devices` (default: all): the last
-    `mesh.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
+    `off_policy.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
     not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
     and `check` both call this, so they refuse the same configs with the same words)."""
     devices = list(jax.devices() if devices is None else devices)
-    r, g, staleness = config.mesh.rollout_devices, config.grpo, config.train.max_staleness
+    r, g, staleness = config.off_policy.rollout_devices, config.grpo, config.off_policy.max_staleness
     if r and r >= len(devices):
-        raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
+        raise config_lib.ConfigError(f"off_policy.rollout_devices={r} leaves no device to train on ({len(devices)} "
                                      f"{jax.default_backend()} devices)")
     if staleness and jax.process_count() > 1:
         raise config_lib.ConfigError(
-            f"train.max_staleness={staleness} runs in one process; this run has "
-            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
+            f"off_policy.max_staleness={staleness} runs in one process; this run has "
+            f"{jax.process_count()}. Use off_policy.max_staleness=0 on several processes")
     rows = g.prompts_per_step * g.num_generations
     if r and rows % r:
         raise config_lib.ConfigError(
             f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
-            f"mesh.rollout_devices={r}")
+            f"off_policy.rollout_devices={r}")
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
 
 def configured_mesh(config: config_lib.Config, devices: list | None = None):
     """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
-    all, unless `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
+    all, unless `off_policy.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
     devices, _ = split_devices(config, devices)
     try:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     except ValueError as e:
-        where = " left for training by mesh.rollout_devices" if m.rollout_devices else ""
+        where = " left for training by off_policy.rollout_devices" if config.off_policy.rollout_devices else ""
         raise config_lib.ConfigError(f"{e} ({len(devices)} {jax.default_backend()} devices{where})") from None
     log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
              jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
@@ -332,9 +332,9 @@ def configured_mesh(config: config_lib.Config, devices: list | None = None):
 
 def rollout_placement(config: config_lib.Config, graphdef, model_config, tokenizer, mesh, sampler,
                       params) -> RolloutPlacement | None:
-    """Asynchronous rollouts' sampler and devices (None when train.max_staleness = 0). One process
+    """Asynchronous rollouts' sampler and devices (None when off_policy.max_staleness = 0). One process
     only: the rollout thread's gathers would interleave with the trainer's across processes."""
-    if config.train.max_staleness == 0:
+    if config.off_policy.max_staleness == 0:
         return None
     _, rollout_devices = split_devices(config)  # its refusals ran in configured_mesh already
     if not rollout_devices:
@@ -380,17 +380,17 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
 
 
 def lora_base_dtype(config: config_lib.Config, mesh, base):
-    """LoRA's frozen base in `model.lora_base_dtype` (float32 leaves it as it is)."""
-    if config.model.lora_base_dtype != "bfloat16":
+    """LoRA's frozen base in `lora.base_dtype` (float32 leaves it as it is)."""
+    if config.lora.base_dtype != "bfloat16":
         return base
     return sharding.put_sharded(step_lib.as_dtype(base, jnp.bfloat16), sharding.param_shardings(mesh, base))
 
 
 def lora_state(config: config_lib.Config, mesh, base) -> tuple[lora_lib.LoraSpec, Any, Any, Any]:
     """LoRA's (spec, adapters, base, merge_fn): fresh adapters (B = 0) in their training layout,
-    the base cast to `model.lora_base_dtype`, and the jitted merge into the base's layout."""
+    the base cast to `lora.base_dtype`, and the jitted merge into the base's layout."""
     m = config.model
-    spec = lora_lib.LoraSpec.from_model_section(m)
+    spec = config.lora.spec(config.model.dtype)
     if config.sft.steps == 0:  # (after an SFT warm-up instead, which trains float32 weights: run_state)
         base = lora_base_dtype(config, mesh, base)
     # Born in their shardings from the base's shapes alone (one jitted init: no host copy, and every
@@ -398,7 +398,7 @@ def lora_state(config: config_lib.Config, mesh, base) -> tuple[lora_lib.LoraSpec
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
 
     def init():
-        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), m.lora_init)
+        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), config.lora.init)
 
     adapters = jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init)))()
     merged_layout = sharding.param_shardings(mesh, base)
@@ -435,7 +435,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
     # What trains: every weight, or (LoRA) adapters over a frozen base.
     spec = base = merge_fn = None
-    if config.model.lora_r:
+    if config.lora.r:
         spec, params, base, merge_fn = lora_state(config, mesh, params)
     tx, schedule = optim.make_optimizer(config.optim, t_cfg.steps * g_cfg.num_iterations * g_cfg.num_minibatches)
     tx = entropy_control.with_controller(tx, g_cfg)  # adaptive entropy: its state rides in opt_state
@@ -444,10 +444,10 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
                                                       params=params, opt_state=opt_state, lora=spec, frozen=base,
                                                       model_config=model_config, off_policy=config.off_policy)
     pool = None
-    if t_cfg.verifier_workers > 0:
+    if config.rewards.workers > 0:
         from grpo_jax.rewards import VerifierPool
 
-        pool = VerifierPool(t_cfg.verifier_workers)
+        pool = VerifierPool(config.rewards.workers)
     context = RunContext(
         config=config,
         run_dir=run_paths.as_path(t_cfg.run_dir),

@@ -94,15 +94,15 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
         abstract = _checkpoint_state(ctx, fresh)
         if ctx.uses_reference and ctx.lora is None:
             abstract["ref_params"] = step_lib.as_dtype(fresh.params, ctx.ref_dtype)
-        if "base_params" in abstract and ctx.config.model.lora_base_dtype == "bfloat16":
+        if "base_params" in abstract and ctx.config.lora.base_dtype == "bfloat16":
             abstract["base_params"] = step_lib.as_dtype(fresh.base_params, jnp.bfloat16)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), abstract)
-        if ctx.rollout is not None:  # train.max_staleness snapshots (full params), in the sampler's layout
+        if ctx.rollout is not None:  # off_policy.max_staleness snapshots (full params), in the sampler's layout
             full = fresh.params if ctx.lora is None else jax.eval_shape(ctx.lora.model_params, fresh.params,
                                                                         fresh.base_params)
             snapshot = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                                     full, ctx.rollout.param_shardings)
-            abstract["rollout_params"] = {str(j): snapshot for j in range(ctx.config.train.max_staleness)}
+            abstract["rollout_params"] = {str(j): snapshot for j in range(ctx.config.off_policy.max_staleness)}
         step, tree, meta = ckpt.restore(abstract, required_meta=REQUIRED_META)
         log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
         return RunState(
@@ -171,7 +171,7 @@ def export_hf(ctx: RunContext, state: RunState) -> None:
             if base is not None:
                 save(base, os.path.join(peft_dir, "base"))
                 base_model = os.fspath(ctx.run_dir / "peft" / "base")
-            lora_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.model.lora_alpha,
+            lora_lib.save_peft(adapters, peft_dir, spec=ctx.lora, alpha=ctx.config.lora.alpha,
                                base_model=base_model)
 
     if run_paths.is_local(ctx.run_dir):

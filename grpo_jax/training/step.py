@@ -188,10 +188,10 @@ def _make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gr
         old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
         mask = mb.completion_mask.astype(jnp.float32)
         is_weights, is_metrics = None, {}
-        if grpo.vllm_importance_sampling_correction:
+        if off_policy.vllm_importance_sampling_correction:
             is_weights, is_metrics = losses.sampler_correction(
-                old_logp, mb.sampler_logp, mask, grpo.vllm_importance_sampling_mode,
-                clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
+                old_logp, mb.sampler_logp, mask, off_policy.vllm_importance_sampling_mode,
+                clip_max=off_policy.vllm_importance_sampling_clip_max, clip_min=off_policy.vllm_importance_sampling_clip_min)
         # top_entropy_quantile: the clipped term only on the micro-batch's high-entropy tokens (a
         # constant 0/1 weight beside the sampler correction's; the KL and the normaliser keep every token).
         entropy_mask = None

@@ -9,7 +9,7 @@ the reference is a separate frozen tree the optimizer never sees (Simply's layou
 The host never stalls the devices: JAX dispatches asynchronously, and the loop starts step N's
 rollout before it reads step N-1's update metrics (nanodo's order), so the devices go straight from
 one step's update to the next step's sampling while the host writes the previous step's row. With
-`train.max_staleness` > 0 the batches come instead from a rollout thread sampling from older params
+`off_policy.max_staleness` > 0 the batches come instead from a rollout thread sampling from older params
 (`grpo_jax.training.async_rollouts`), and the same loop trains on them.
 """
 
@@ -372,7 +372,7 @@ class _Loop:
             self.diagnostics.load_state_dict(state.diagnostics)
         if state.step == 0 and ctx.eval_examples:
             self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
-        # train.max_staleness > 0: batches come from the rollout thread, sampled from older params.
+        # off_policy.max_staleness > 0: batches come from the rollout thread, sampled from older params.
         batches = None
         if ctx.rollout is not None:
             batches = async_rollouts.AsyncBatches(ctx, state, should_stop=lambda: stop.signal is not None)
