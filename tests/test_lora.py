@@ -170,11 +170,11 @@ def test_export_writes_the_merged_model_and_peft_adapters(tmp_path):
 
 def test_lora_config_errors_name_the_field(tmp_path):
     cfg = tiny_config(tmp_path)
-    for fields, words in [({"lora_r": 4, "lora_dropout": 0.05}, "lora.dropout=0.05"),
-                          ({"lora_r": 4, "lora_target_modules": ("qkv",)}, "unknown LoRA target 'qkv'"),
-                          ({"lora_r": -1}, "lora.r=-1")]:
+    for fields, words in [({"r": 4, "dropout": 0.05}, "lora.dropout=0.05"),
+                          ({"r": 4, "target_modules": ("qkv",)}, "unknown LoRA target 'qkv'"),
+                          ({"r": -1}, "lora.r=-1")]:
         with pytest.raises(ConfigError, match=words):
-            dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
+            dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, **fields))
     with pytest.raises(ConfigError, match="grpo.ref_resync_every=5 with lora.r=4"):
         dataclasses.replace(cfg,
                             grpo=dataclasses.replace(cfg.grpo, ref_resync_every=5),

@@ -44,8 +44,8 @@ def _training_figures(row):
     return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "tokens_per_second", "recompiles"))}
 
 
-def _with_grpo(cfg, **grpo):
-    return dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, **grpo))
+def _with_off_policy(cfg, **off_policy):
+    return dataclasses.replace(cfg, off_policy=dataclasses.replace(cfg.off_policy, **off_policy))
 
 
 def test_the_trainer_weighs_tokens_by_its_pi_old_over_the_samplers(tmp_path, monkeypatch):
@@ -69,13 +69,13 @@ def test_the_trainer_weighs_tokens_by_its_pi_old_over_the_samplers(tmp_path, mon
         return device_rows(ctx, batch, advantages, completion_mask)
 
     monkeypatch.setattr(phases, "device_rows", shifted)
-    cfg = _with_grpo(_config(tmp_path / "truncate", 0, steps=2), vllm_importance_sampling_mode="token_truncate")
+    cfg = _with_off_policy(_config(tmp_path / "truncate", 0, steps=2), vllm_importance_sampling_mode="token_truncate")
     for row in train.run(cfg, task=SevensTask()).history:
         assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(np.exp(0.1), rel=LOGP_ERR)
         assert row["sampling/sampling_logp_difference/mean"] == pytest.approx(0.1, abs=LOGP_ERR)
     # ... and with the band [1/1.05, 1.05] token masking drops every token: only the KL trains.
-    cfg = _with_grpo(_config(tmp_path / "mask", 0, steps=2), vllm_importance_sampling_mode="token_mask",
-                     vllm_importance_sampling_clip_max=1.05)
+    cfg = _with_off_policy(_config(tmp_path / "mask", 0, steps=2), vllm_importance_sampling_mode="token_mask",
+                           vllm_importance_sampling_clip_max=1.05)
     for row in train.run(cfg, task=SevensTask()).history:
         assert row["sampling/importance_sampling_masked_fraction"] == 1.0
         assert row["sampling/importance_sampling_ratio/max"] == 0.0

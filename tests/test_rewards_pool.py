@@ -202,7 +202,7 @@ def test_should_stop_interrupts_a_hung_worker_promptly(pool):
 
 
 @pytest.mark.parametrize("fn, fields, match", [
-    (lambda prompts, completions, **_: [1.0], {}, "'user' cannot be sent to a worker process.*verifier_workers=0"),
+    (lambda prompts, completions, **_: [1.0], {}, "'user' cannot be sent to a worker process.*rewards.workers=0"),
     (_user_pid, {"lock": [threading.Lock()]}, "'user' cannot be sent to a worker process.*lock"),
     (_user_raises, {}, "'user' raised KeyError: 'answer'"),
     (_user_generator, {}, "'user' returned a generator, which cannot be pickled back"),

@@ -513,7 +513,7 @@ class HangingSevens(SevensTask):
 
 
 def test_a_hanging_reward_function_times_out_naming_it_and_the_last_step_is_saved(tmp_path):
-    cfg = tiny_config(tmp_path, reward_timeout_s=1.0)
+    cfg = dataclasses.replace(tiny_config(tmp_path), rewards=RewardsSection(truncated_reward="as_scored", timeout_s=1.0))
     t0 = time.time()
     with pytest.raises(RewardTimeoutError, match="sevens_or_hang"):
         train.run(cfg, task=HangingSevens())
@@ -527,7 +527,7 @@ def test_sigterm_while_a_reward_function_hangs_still_stops_the_run(tmp_path):
     def send_sigterm():
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
-    cfg = tiny_config(tmp_path, reward_timeout_s=0.0)  # no timeout at all
+    cfg = dataclasses.replace(tiny_config(tmp_path), rewards=RewardsSection(truncated_reward="as_scored", timeout_s=0.0))  # no limit
     t0 = time.time()
     result = train.run(cfg, task=HangingSevens(on_hang=send_sigterm))
     assert time.time() - t0 < 25

@@ -230,12 +230,13 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
+    saved = config_lib.upgrade_saved(saved, str(path))  # a run saved before the sections were regrouped
     diffs = config_differences(saved, config_lib.to_dict(config))
     # (A config written before the field existed ran with its default, 0.)
     # The model.* shape fields are ignored when a checkpoint (model.hf_path) gives the shape.
     from_hf = bool(config.model.hf_path) and bool(saved.get("model", {}).get("hf_path"))
     layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]
-              and not (from_hf and d[0].startswith("model.") and not d[0].startswith("model.lora"))]
+              and not (from_hf and d[0].startswith("model."))]
     if layout:
         key, old, new = layout[0]
         raise RunDirError(

@@ -46,21 +46,13 @@ HF_MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn"
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
     """What the trainer needs to know of a LoRA run: rank, scale alpha / r, the targeted weight
-    names, and the dtype merged weights are computed in (the model's compute dtype)."""
+    names, and the dtype merged weights are computed in (the model's compute dtype). Built from the
+    config by `grpo_jax.config.LoraSection.spec`."""
 
     rank: int
     scale: float
     targets: tuple[str, ...]
     merge_dtype: Any = jnp.float32
-
-    @classmethod
-    def from_model_section(cls, m) -> "LoraSpec | None":
-        """From `config.model` (None when lora_r = 0)."""
-        if not m.lora_r:
-            return None
-        dtype = jnp.bfloat16 if m.dtype == "bfloat16" else jnp.float32
-        return cls(rank=m.lora_r, scale=m.lora_alpha / m.lora_r, targets=resolve_targets(m.lora_target_modules),
-                   merge_dtype=dtype)
 
     def model_params(self, adapters: dict, base):
         """The policy's full params: `merge(base, adapters)`."""

@@ -231,29 +231,10 @@ def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, 
 
 
 def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
-    """Row counts that must split over the devices (and processes), as ConfigErrors naming the fields."""
-    g = config.grpo
-    multiple = sharding.batch_size_multiple(mesh)
-    rows_per_micro = g.prompts_per_step * g.num_generations // (g.num_minibatches * g.grad_accum_steps)
-    if rows_per_micro % multiple:
-        raise config_lib.ConfigError(
-            f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
-            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
-            f"{multiple} devices"
-        )
-    n_proc = jax.process_count()
-    if n_proc == 1:
-        return
-    if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
-            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
-        )
-    if config.sft.steps > 0 and config.sft.batch_size % multiple:
-        raise config_lib.ConfigError(
-            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp = {multiple} devices "
-            "on several processes (each process feeds its devices' rows)"
-        )
+    """Row counts that must split over the mesh's devices (and processes), as ConfigErrors naming
+    the fields (config validation's mesh-time half: `config.validate_for_devices`)."""
+    config_lib.validate_for_devices(config, mesh.size + config.off_policy.rollout_devices, jax.process_count(),
+                                    jax.default_backend())
 
 
 def configured_tokenizer(config: config_lib.Config):
@@ -281,10 +262,7 @@ def configured_task(config: config_lib.Config):
 
 def with_configured_rewards(config: config_lib.Config, task):
     """`task` with `rewards.reward_funcs` (import paths) in place of its own reward functions, if set."""
-    if not config.rewards.reward_funcs:
-        if config.rewards.reward_weights:
-            raise config_lib.ConfigError(f"rewards.reward_weights={list(config.rewards.reward_weights)} without "
-                                         "rewards.reward_funcs: the weights are for your own functions; set both")
+    if not config.rewards.reward_funcs:  # (weights without functions: RewardsSection.validate refuses them)
         return task
     try:
         return with_reward_funcs(task, config.rewards.reward_funcs, config.rewards.reward_weights)
@@ -298,19 +276,8 @@ def split_devices(config: config_lib.Config, devices: list | None = None) -> tup
     not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
     and `check` both call this, so they refuse the same configs with the same words)."""
     devices = list(jax.devices() if devices is None else devices)
-    r, g, staleness = config.off_policy.rollout_devices, config.grpo, config.off_policy.max_staleness
-    if r and r >= len(devices):
-        raise config_lib.ConfigError(f"off_policy.rollout_devices={r} leaves no device to train on ({len(devices)} "
-                                     f"{jax.default_backend()} devices)")
-    if staleness and jax.process_count() > 1:
-        raise config_lib.ConfigError(
-            f"off_policy.max_staleness={staleness} runs in one process; this run has "
-            f"{jax.process_count()}. Use off_policy.max_staleness=0 on several processes")
-    rows = g.prompts_per_step * g.num_generations
-    if r and rows % r:
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
-            f"off_policy.rollout_devices={r}")
+    config_lib.validate_for_devices(config, len(devices), jax.process_count(), jax.default_backend())
+    r = config.off_policy.rollout_devices
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
 
