@@ -80,8 +80,8 @@ def test_sections_are_frozen():
 
 
 def test_bf16_master_weights_really_do_not_move_at_rl_learning_rates():
-    # The reason model.param_dtype was removed (masters are always float32), measured: one AdamW step is ~lr in size; at lr 1e-6 a
-    # bf16 weight of 0.02 (spacing 2^-13 ~ 1.2e-4 there) does not change, a float32 one does.
+    # The reason model.param_dtype was removed (masters are always float32), measured: one AdamW
+    # step is ~lr in size; at lr 1e-6 a bf16 weight of 0.02 (spacing 2^-13 ~ 1.2e-4 there) does not change, a float32 one does.
     import jax.numpy as jnp
 
     w32 = jnp.float32(0.02)

@@ -6,9 +6,9 @@ Each of these leaves a run that looks healthy in its logs while it learns little
 - every completion of a step masked (`grpo.mask_truncated_completions` with all of them truncated):
   the step trains on no token (its row says `masked_step: 1`; the run's count is logged at the end);
 - `optim.warmup_steps` at least the run's updates: the learning rate never reaches its setting;
-- a learning rate below half a unit in the last place of a typical weight in `model.param_dtype`:
+- a learning rate below half a unit in the last place of a typical weight in the float32 masters:
   Adam moves each weight by about the learning rate per update, so the update rounds away (float32:
-  below ~1.2e-9, a typo's size, e.g. 1e-10 for 1e-6; config.py already refuses bfloat16 weights).
+  below ~1.2e-9, a typo's size, e.g. 1e-10 for 1e-6; master weights are never bfloat16).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def startup_warnings(config: config_lib.Config, updates_per_step: int) -> list[s
     if 0 < o.learning_rate < half_ulp:
         out.append(
             f"optim.learning_rate={o.learning_rate:g} is below half a unit in the last place of a typical weight "
-            f"(|w| ~ {TYPICAL_WEIGHT}) in model.param_dtype='float32' ({half_ulp:.2g}): Adam moves "
+            f"(|w| ~ {TYPICAL_WEIGHT}) in the float32 master weights ({half_ulp:.2g}): Adam moves "
             "a weight by about the learning rate per update, so most updates round away. Raise "
             "optim.learning_rate (GRPO on LLMs uses 1e-6 to 1e-5; LoRA about 10x more)")
     return out
