@@ -248,3 +248,14 @@ def test_mesh_time_validation_returns_the_trainers_mesh_shape():
     with pytest.raises(ConfigError, match="must split evenly over mesh.data \\* mesh.fsdp = 6"):
         config_lib.validate_for_devices(apply_overrides(Config(), ["off_policy.max_staleness=1",
                                                                    "off_policy.rollout_devices=2"]), 8)
+
+
+def test_eval_asks_only_for_the_device_split_and_the_mesh():
+    # `eval` builds the mesh but runs no training step: a batch that would not split over 3 devices
+    # (128 rows) is no reason to refuse it; a mesh that does not fit is.
+    cfg = Config()
+    with pytest.raises(ConfigError, match="a micro-batch of 128 completions"):
+        config_lib.validate_for_devices(cfg, 3)
+    assert config_lib.validate_for_devices(cfg, 3, batch=False) == (3, 1, 1)
+    with pytest.raises(ConfigError, match="mesh: data"):
+        config_lib.validate_for_devices(apply_overrides(cfg, ["mesh.data=2"]), 3, batch=False)

@@ -55,12 +55,13 @@ def validate(config: Config) -> None:
             "the frozen base itself; set grpo.ref_resync_every=0")
 
 
-def validate_for_devices(config: Config, num_devices: int, num_processes: int = 1, backend: str = "",
-                         ) -> tuple[int, int, int]:
+def validate_for_devices(config: Config, num_devices: int, num_processes: int = 1, backend: str = "", *,
+                         batch: bool = True) -> tuple[int, int, int]:
     """The mesh-time rules: what must split over `num_devices` devices (all of them, the sampler's
     included) and `num_processes` processes. Returns the trainer's (data, fsdp, tensor) mesh shape.
     `train` and `check` both call this, so they refuse the same configs with the same words;
-    `backend` (e.g. "cpu") only names the devices in the messages."""
+    `backend` (e.g. "cpu") only names the devices in the messages. `batch=False`: only the device
+    split and the mesh (what `eval` needs), not how a training step's rows split."""
     kind = f"{backend} devices" if backend else "devices"
     g, r, staleness = config.grpo, config.off_policy.rollout_devices, config.off_policy.max_staleness
     if r and r >= num_devices:
@@ -77,6 +78,8 @@ def validate_for_devices(config: Config, num_devices: int, num_processes: int = 
     except ConfigError as e:
         where = " left for training by off_policy.rollout_devices" if r else ""
         raise ConfigError(f"{e} ({num_devices - r} {kind}{where})") from None
+    if not batch:
+        return shape
     multiple = shape[0] * shape[1]  # rows split over data x fsdp
     rows_per_micro = rows // (g.num_minibatches * g.grad_accum_steps)
     if rows_per_micro % multiple:

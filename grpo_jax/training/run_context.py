@@ -276,7 +276,7 @@ def split_devices(config: config_lib.Config, devices: list | None = None) -> tup
     not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
     and `check` both call this, so they refuse the same configs with the same words)."""
     devices = list(jax.devices() if devices is None else devices)
-    config_lib.validate_for_devices(config, len(devices), jax.process_count(), jax.default_backend())
+    config_lib.validate_for_devices(config, len(devices), jax.process_count(), jax.default_backend(), batch=False)
     r = config.off_policy.rollout_devices
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
