@@ -24,8 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {
-    "sync": ["train.max_staleness=0"],
-    "async k=1": ["train.max_staleness=1"],
+    "sync": ["off_policy.max_staleness=0"],
+    "async k=1": ["off_policy.max_staleness=1"],
 }
 LORA_VARIANT = {"lora r=16 (sync)": []}  # configs/arith_cpu_lora.py, with --lora
 

@@ -91,7 +91,8 @@ def w1_steps(rank: int, steps: int) -> dict:
     for name, r in (("full", 0), (f"lora r={rank}", rank)):
         with tempfile.TemporaryDirectory(prefix="grpo_jax_bench_lora_") as run_dir:
             cfg = bench.w1_config(run_dir, steps=steps)
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_r=r))
+            cfg = dataclasses.replace(cfg,
+                                      lora=dataclasses.replace(cfg.lora, r=r))
             tokenizer = bench.WideVocabTokenizer(load_tokenizer(cfg.model.tokenizer_spec()))
             result = train.run(cfg, task=bench.AdditionTask(), tokenizer=tokenizer)
         rows = result.history[2:]

@@ -36,7 +36,7 @@ def _model():
     return ModelConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                        head_dim=m.head_dim, rope_theta=m.rope_theta, qkv_bias=m.qkv_bias,
-                       tie_embeddings=m.tie_embeddings, dtype=m.dtype, param_dtype=m.param_dtype)
+                       tie_embeddings=m.tie_embeddings, dtype=m.dtype, param_dtype="float32")
 
 
 def rollout_child(engine: str, threads: int, slots: int, refill_every: int, repeats: int, tokens_out: str) -> dict:

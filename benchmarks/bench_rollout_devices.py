@@ -47,7 +47,7 @@ def child(layout: str, num_prompts: int, repeats: int) -> dict:
     config = ModelConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                          num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                          head_dim=m.head_dim, rope_theta=m.rope_theta, qkv_bias=m.qkv_bias,
-                         tie_embeddings=m.tie_embeddings, dtype=m.dtype, param_dtype=m.param_dtype)
+                         tie_embeddings=m.tie_embeddings, dtype=m.dtype, param_dtype="float32")
     _, mesh_shape, threads = LAYOUTS[layout]
     mesh = sharding.make_mesh(*(mesh_shape or (1, 1, 1)))
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: init_model(config, 0)))

@@ -16,7 +16,7 @@ def get_config():
     cfg = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_cpu.py"))
     return dataclasses.replace(
         cfg,
-        model=dataclasses.replace(cfg.model, lora_r=16, lora_alpha=32.0, lora_target_modules=("all-linear",)),
         optim=dataclasses.replace(cfg.optim, learning_rate=1e-3),
         train=dataclasses.replace(cfg.train, run_dir="runs/arith_cpu_lora"),
+        lora=dataclasses.replace(cfg.lora, r=16, alpha=32.0, target_modules=("all-linear",)),
     )

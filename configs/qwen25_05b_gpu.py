@@ -8,14 +8,14 @@ checkpoint's own chat template (`chat: True`), in training, in held-out evaluati
 the reference and Adam state of a 0.5B model within a few GiB.
 """
 
-from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
-                             TaskSection, TrainSection)
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, RewardsSection,
+                             SamplingSection, TaskSection, TrainSection)
 
 
 def get_config() -> Config:
     return Config(
         model=ModelSection(hf_path="/models/Qwen2.5-0.5B-Instruct",
-                           dtype="bfloat16", param_dtype="float32"),
+                           dtype="bfloat16"),
         task=TaskSection(name="jsonl", options={"path": "data/gsm8k_train.jsonl", "template": "r1",
                                                 "answer_format": "gsm8k", "format_weight": 0.2,
                                                 "chat": True}),
@@ -27,5 +27,6 @@ def get_config() -> Config:
                            weight_decay=0.01, max_grad_norm=1.0),
         eval=EvalSection(every=50, num_questions=256, num_samples=4, ks=(1, 4), temperature=1.0),
         train=TrainSection(steps=500, seed=0, run_dir="runs/qwen25_05b_gpu", samples_every=10,
-                           checkpoint_every=50, keep_checkpoints=3, export_hf=True, verifier_workers=4),
+                           checkpoint_every=50, keep_checkpoints=3, export_hf=True),
+        rewards=RewardsSection(workers=4),
     )

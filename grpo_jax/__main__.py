@@ -18,26 +18,57 @@ import sys
 
 
 def main(argv=None) -> int:
+    """Parses `argv` and runs the command; returns the exit status (module docstring)."""
+    args = _parser().parse_args(argv)
+    if args.command == "check":  # no jax.distributed, no platform check: checking a pod config here is the point
+        from grpo_jax.cli import check as check_command
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        return check_command.run(args)
+    from grpo_jax.distributed import sharding
+
+    sharding.initialize_distributed()  # a no-op unless flags/environment describe several processes
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("jax", "absl", "orbax"):  # backend probing and per-save Orbax chatter
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "eval":
+        from grpo_jax.cli import eval as eval_command
+
+        return eval_command.run(args)
+    return _train(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The three commands and their flags; `train --help` lists every config field by section."""
     parser = argparse.ArgumentParser(
         prog="python -m grpo_jax", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    from grpo_jax.cli import check as check_command
+    from grpo_jax.cli import eval as eval_command
+
+    evaluate = sub.add_parser("eval", help="pass@k, maj@k and greedy accuracy of a policy on a data set",
+                              description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_command.add_arguments(evaluate)
+    check = sub.add_parser("check", help="build a config abstractly and report its memory per device",
+                           description=check_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check_command.add_arguments(check)
+    return parser
+
+
+def _add_train(sub) -> None:
     from grpo_jax.config import describe_fields
     from grpo_jax.tasks import describe_task_options
 
     train = sub.add_parser(
         "train", help="run SFT warm-up (if configured) then GRPO", formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="config fields (--set SECTION.FIELD=VALUE; tuples as a comma list a,b or JSON, dicts as JSON):\n"
-        + describe_fields() + "\n\ntask options (--set task.options.NAME=VALUE, read as JSON where it parses):\n"
-        + describe_task_options())
+        epilog="config sections and their fields (--set SECTION.FIELD=VALUE; tuples as a comma list a,b or JSON, "
+        "dicts as JSON):\n" + describe_fields()
+        + "\n\ntask options (--set task.options.NAME=VALUE, read as JSON where it parses):\n" + describe_task_options())
     train.add_argument("--config", required=True, help="a Python file with get_config() -> Config")
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override one config field (repeatable)",
-    )
+    train.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override one config field (repeatable)")
     train.add_argument("--run-dir", help="shortcut for --set train.run_dir=...")
     train.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint")
     train.add_argument("--overwrite", action="store_true",
@@ -46,31 +77,10 @@ def main(argv=None) -> int:
                        help="with --resume: continue even where the config changes what the run means")
     train.add_argument("--allow-cpu", action="store_true",
                        help="run a config that asks for accelerators (a multi-device mesh, bf16, a checkpoint) on CPU")
-    from grpo_jax.cli import eval as eval_command
 
-    evaluate = sub.add_parser("eval", help="pass@k, maj@k and greedy accuracy of a policy on a data set",
-                              description=eval_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    eval_command.add_arguments(evaluate)
-    from grpo_jax.cli import check as check_command
 
-    check = sub.add_parser("check", help="build a config abstractly and report its memory per device",
-                           description=check_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    check_command.add_arguments(check)
-    args = parser.parse_args(argv)
-    if args.command == "check":  # no jax.distributed, no platform check: checking a pod config here is the point
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-        return check_command.run(args)
-
-    from grpo_jax.distributed import sharding
-
-    sharding.initialize_distributed()  # a no-op unless flags/environment describe several processes
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
-    )
-    for noisy in ("jax", "absl", "orbax"):  # backend probing and per-save Orbax chatter
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.command == "eval":
-        return eval_command.run(args)
+def _train(args) -> int:
+    """`train`: the config (file, then --set), the platform check, then the run and its report."""
     from grpo_jax import config as config_lib
 
     overrides = list(args.set) + ([f"train.run_dir={args.run_dir}"] if args.run_dir else [])
@@ -79,18 +89,9 @@ def main(argv=None) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    import jax
-
-    from grpo_jax.distributed import platform_check
-
-    # A config that expects accelerators, started on a CPU backend (a venv without the CUDA/TPU
-    # jaxlib), would run, slowly and quietly, on the CPU: refused unless --allow-cpu.
-    verdict = platform_check.backend_verdict(platform_check.accelerator_expected(config), jax.default_backend(),
-                                             allow_cpu=args.allow_cpu, jax_platforms=os.environ.get("JAX_PLATFORMS"))
-    if verdict is not None:
-        print(verdict.message, file=sys.stderr)
-        if verdict.action == "refuse":
-            return 2
+    refused = _platform_refusal(config, args.allow_cpu)
+    if refused:
+        return 2
     from grpo_jax.cli import report
     from grpo_jax.io.checkpoint import CheckpointWriteError
     from grpo_jax.io.run_dir import RunDirError
@@ -110,6 +111,22 @@ def main(argv=None) -> int:
         print(f"stopped at step {result.step} ({result.stopped_by}); continue with --resume", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def _platform_refusal(config, allow_cpu: bool) -> bool:
+    """A config that expects accelerators, started on a CPU backend (a venv without the CUDA/TPU
+    jaxlib), would run, slowly and quietly, on the CPU: refused (True) unless --allow-cpu; the
+    verdict, if any, is printed either way."""
+    import jax
+
+    from grpo_jax.distributed import platform_check
+
+    verdict = platform_check.backend_verdict(platform_check.accelerator_expected(config), jax.default_backend(),
+                                             allow_cpu=allow_cpu, jax_platforms=os.environ.get("JAX_PLATFORMS"))
+    if verdict is None:
+        return False
+    print(verdict.message, file=sys.stderr)
+    return verdict.action == "refuse"
 
 
 def _storage_failure(error: BaseException) -> int:

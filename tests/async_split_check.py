@@ -1,4 +1,4 @@
-"""An asynchronous run (train.max_staleness=1) of tests/test_train.py's tiny config, for
+"""An asynchronous run (off_policy.max_staleness=1) of tests/test_train.py's tiny config, for
 tests/test_off_policy.py:
 
     python tests/async_split_check.py OUT.json RUN_DIR ROLLOUT_DEVICES
@@ -32,8 +32,8 @@ def _devices(x) -> list[int]:
 
 def main(out: str, run_dir: str, rollout_devices: int) -> None:
     cfg = tiny_config(run_dir)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=4, max_staleness=1),
-                              mesh=dataclasses.replace(cfg.mesh, rollout_devices=rollout_devices))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=4),
+                              off_policy=dataclasses.replace(cfg.off_policy, max_staleness=1, rollout_devices=rollout_devices))
     seen: dict = {}
 
     dispatch = rollout.dispatch_rollout

@@ -59,7 +59,7 @@ LENGTHS = np.array([3, 1, 16, 2, 5, 4, 2, 9, 1, 3, 0, 6, 2, 12, 3, 1,
 
 def grpo_section(aggregation: str, bucket: str, **kw) -> config_lib.GRPOSection:
     return config_lib.GRPOSection(prompts_per_step=N, num_generations=G, beta=0.04, aggregation=aggregation,
-                                  eps_high=0.28, old_logprobs="recompute", bucket_by_length=bucket, **kw)
+                                  eps_high=0.28, bucket_by_length=bucket, **kw)
 
 
 def model():
@@ -88,7 +88,9 @@ def context(grpo, mesh, graphdef, params, tx, opt_state):
     """The parts of a RunContext the log-prob and update phases read, built as `run_context.build` does."""
     update_fn, logprob_fn, bucketing = trainable.step_functions(grpo, 1.0, graphdef, tx, mesh=mesh,
                                                                   params=params, opt_state=opt_state)
-    config = config_lib.Config(grpo=grpo, train=config_lib.TrainSection(seed=0))
+    # pi_old recomputed by a pass of its own, so the log-prob phase runs it (bucketed or not).
+    config = config_lib.Config(grpo=grpo, train=config_lib.TrainSection(seed=0),
+                               off_policy=config_lib.OffPolicySection(old_logprobs="recompute"))
     return types.SimpleNamespace(config=config, mesh=mesh, update_fn=update_fn, logprob_fn=logprob_fn,
                                  bucketing=bucketing, uses_reference=True, processes=None, policy=Policy(),
                                  policy_params=lambda state: state.params,

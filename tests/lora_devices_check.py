@@ -27,9 +27,10 @@ from test_train import SevensTask, tiny_config  # noqa: E402
 def main(out: str, run_dir: str) -> None:
     cfg = tiny_config(run_dir)
     mesh = dict(data=2, fsdp=2, tensor=2) if jax.device_count() == 8 else dict(data=-1, fsdp=1, tensor=1)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_r=4),
+    cfg = dataclasses.replace(cfg,
                               train=dataclasses.replace(cfg.train, steps=3),
-                              mesh=dataclasses.replace(cfg.mesh, **mesh))
+                              mesh=dataclasses.replace(cfg.mesh, **mesh),
+                              lora=dataclasses.replace(cfg.lora, r=4))
     result = train.run(cfg, task=SevensTask())
     pair = result.params["layers"]["0"]["attn"]["q_proj"]
     shard = lambda x: list(x.addressable_shards[0].data.shape)  # noqa: E731

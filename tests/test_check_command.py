@@ -263,12 +263,12 @@ if __name__ == "__main__":
 
 
 def test_check_refuses_what_train_refuses_with_the_same_words(capsys, tmp_path):
-    # Issue 30: `check --set mesh.rollout_devices=2 --set train.max_staleness=1` on one device exited 0
+    # Issue 30: `check --set off_policy.rollout_devices=2 --set off_policy.max_staleness=1` on one device exited 0
     # and printed "mesh data=1" (it ignored the split), while `train` refused the config with exit 2.
-    sets = ["--set", "mesh.rollout_devices=2", "--set", "train.max_staleness=1"]
+    sets = ["--set", "off_policy.rollout_devices=2", "--set", "off_policy.max_staleness=1"]
     code, out, err = _run(["--config", "configs/arith_cpu.py", "--no-compile", *sets], capsys)
     assert code == 2 and out == ""
-    assert err == "config error: mesh.rollout_devices=2 leaves no device to train on (1 cpu devices)\n"
+    assert err == "config error: off_policy.rollout_devices=2 leaves no device to train on (1 cpu devices)\n"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     train = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--config", "configs/arith_cpu.py", *sets,
                             "--set", f"train.run_dir={tmp_path / 'run'}"], env=env, cwd=ROOT, capture_output=True,
@@ -281,7 +281,7 @@ def test_check_shows_the_rollout_device_split(tmp_path):
     # take 128 / 4 = 32 rows and hold max_staleness = 1 whole fp32 snapshot of the policy.
     out_json = tmp_path / "f.json"
     proc = _cli(["--config", "configs/arith_cpu.py", "--no-compile", "--prompt-tokens", "8", "--set",
-                 "mesh.rollout_devices=4", "--set", "train.max_staleness=1", "--json", str(out_json)], devices=8)
+                 "off_policy.rollout_devices=4", "--set", "off_policy.max_staleness=1", "--json", str(out_json)], devices=8)
     assert proc.returncode == 0, proc.stderr[-2000:]
     f = json.loads(out_json.read_text())
     num_params = 2 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 2 * 14 * 128 + 128  # as in the first test

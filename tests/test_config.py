@@ -33,11 +33,10 @@ def test_override_parses_by_field_type():
     ("eval.ks=[1, 16]", ["eval.ks", "16", "eval.num_samples=8"]),
     ("grpo.num_minibatches=3", ["grpo.num_minibatches", "divide", "128"]),
     ("grpo.beta", ["section.field=value"]),
-    # Settings that would silently do nothing: bf16 master weights round RL-sized updates away, and
-    # a reference resynced every N steps is never read without a KL term.
-    ("model.param_dtype=bfloat16", ["model.param_dtype='bfloat16'", "round", "model.dtype='bfloat16'"]),
+    # A setting that would silently do nothing: a reference resynced every N steps is never read
+    # without a KL term. (bf16 master weights: tests/test_config_moved.py, model.param_dtype is gone.)
     ("grpo.ref_resync_every=10", ["grpo.ref_resync_every=10", "grpo.beta=0"]),
-    ("grpo.truncated_reward=one", ["grpo.truncated_reward", "at_most_zero", "as_scored"]),
+    ("rewards.truncated_reward=one", ["rewards.truncated_reward", "at_most_zero", "as_scored"]),
     # Hostile values: `nan < 0` is False, so NaN passed every range check and trained NaN params;
     # a negative advantage eps flipped every advantage's sign; an empty run_dir wrote into the cwd.
     ("optim.learning_rate=nan", ["optim.learning_rate=nan", "finite"]),
@@ -45,7 +44,7 @@ def test_override_parses_by_field_type():
     ("grpo.eps_low=inf", ["grpo.eps_low=inf", "finite"]),
     ("grpo.advantage_eps=-1", ["grpo.advantage_eps=-1", ">= 0"]),
     ("train.run_dir=", ["train.run_dir is empty"]),
-    ("train.reward_timeout_s=-5", ["train.reward_timeout_s", ">= 0"]),
+    ("rewards.timeout_s=-5", ["rewards.timeout_s", ">= 0"]),
 ])
 def test_bad_override_names_the_key(override, words):
     with pytest.raises(ConfigError) as err:
@@ -81,8 +80,8 @@ def test_sections_are_frozen():
 
 
 def test_bf16_master_weights_really_do_not_move_at_rl_learning_rates():
-    # The reason behind the refusal above, measured: one AdamW step is ~lr in size; at lr 1e-6 a
-    # bf16 weight of 0.02 (spacing 2^-13 ~ 1.2e-4 there) does not change, a float32 one does.
+    # The reason model.param_dtype was removed (masters are always float32), measured: one AdamW
+    # step is ~lr in size; at lr 1e-6 a bf16 weight of 0.02 (spacing 2^-13 ~ 1.2e-4 there) does not change, a float32 one does.
     import jax.numpy as jnp
 
     w32 = jnp.float32(0.02)
@@ -170,3 +169,93 @@ def test_a_config_file_that_does_not_load_is_one_line_with_exit_2(tmp_path, body
     proc = subprocess.run([sys.executable, "-m", "grpo_jax", "check", "--config", str(tmp_path / "bad.py")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and proc.stderr == f"config error: {err.value}\n", proc.stderr
+
+
+def test_train_help_heads_each_section_with_what_it_is_for():
+    # `train --help` groups the fields by concern: each section's line says what it holds.
+    text = config_lib.describe_fields()
+    for name in config_lib.SECTIONS:
+        assert f"\n  {name}: " in "\n" + text, name
+    assert "  off_policy: asynchronous rollouts, the sampler's own devices, the sampler correction" in text
+    assert "    lora.r = 0  (int)" in text and "    rewards.workers = 0  (int)" in text
+
+
+def test_each_section_validates_itself():
+    # A section checks its own fields without a Config around it; the key names the section.
+    for section, words in [(config_lib.LoraSection(r=4, dropout=0.1), "lora.dropout=0.1"),
+                           (config_lib.OffPolicySection(rollout_devices=2), "off_policy.max_staleness >= 1"),
+                           (config_lib.RewardsSection(reward_weights=(1.0,)), "rewards.reward_funcs"),
+                           (config_lib.MeshSection(data=-1, fsdp=-1), "only one axis may be -1"),
+                           (config_lib.GRPOSection(num_generations=1), "grpo.num_generations=1")]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("+", r"\+")):
+            section.validate()
+
+
+def test_sections_build_their_engines_configs():
+    # model -> grpo_jax.model.ModelConfig (masters always float32); lora -> LoraSpec (scale alpha / r,
+    # presets expanded, merged in the compute dtype).
+    import jax.numpy as jnp
+
+    model = config_lib.ModelSection(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
+                                    dtype="bfloat16")
+    mc = model.model_config(vocab=14)
+    assert (mc.vocab_size, mc.hidden_size, mc.num_kv_heads, mc.param_dtype, mc.dtype) == (14, 32, 1, "float32",
+                                                                                           "bfloat16")
+    assert config_lib.LoraSection().spec("float32") is None  # r = 0: full fine-tuning
+    spec = config_lib.LoraSection(r=8, alpha=16.0, target_modules=("attention",)).spec("bfloat16")
+    assert (spec.rank, spec.scale, spec.targets, spec.merge_dtype) == (8, 2.0, ("q_proj", "k_proj", "v_proj", "o_proj"),
+                                                                       jnp.bfloat16)
+
+
+def test_resolved_old_logprobs_reads_off_policy_and_the_update_count():
+    # "auto": the trainer's pi_old inside the loss when each batch gets one update; a pass of its own
+    # when it gets several (num_iterations * num_minibatches); the sampler's with the correction off.
+    assert Config().resolved_old_logprobs() == "in_loss"
+    assert apply_overrides(Config(), ["grpo.num_minibatches=2"]).resolved_old_logprobs() == "recompute"
+    off = apply_overrides(Config(), ["off_policy.vllm_importance_sampling_correction=false"])
+    assert off.resolved_old_logprobs() == "sampler"
+
+
+@pytest.mark.parametrize("overrides, devices, processes, words", [
+    # 128 completions (16 prompts x 8), one update per batch unless said otherwise.
+    (["off_policy.max_staleness=1", "off_policy.rollout_devices=4"], 4, 1,
+     "off_policy.rollout_devices=4 leaves no device to train on (4 cpu devices)"),
+    (["off_policy.max_staleness=1"], 8, 2, "off_policy.max_staleness=1 runs in one process; this run has 2"),
+    (["off_policy.max_staleness=1", "off_policy.rollout_devices=3"], 8, 1,
+     "128 completions must split evenly over off_policy.rollout_devices=3"),
+    (["mesh.data=3"], 8, 1, "mesh: data*fsdp*tensor = 3*1*1 = 3 but there are 8 devices"),
+    (["mesh.fsdp=3"], 8, 1, "mesh: 8 devices do not divide by the fixed axes (mesh.fsdp=3"),
+    # 128 / (4 minibatches * 8 accumulation steps) = 4 rows per micro-batch over 8 devices.
+    (["grpo.num_minibatches=4", "grpo.grad_accum_steps=8"], 8, 1, "a micro-batch of 4 completions"),
+    # 12 prompts split over 3 processes but not over the 8 devices' data x fsdp.
+    (["grpo.prompts_per_step=12"], 8, 3, "grpo.prompts_per_step=12 must split evenly over 3 processes"),
+    (["sft.steps=1", "sft.batch_size=12"], 8, 2, "sft.batch_size=12 must split evenly over mesh.data * mesh.fsdp = 8"),
+])
+def test_mesh_time_validation_needs_only_the_config_and_the_device_count(overrides, devices, processes, words):
+    # The rules that used to be raised while building the run (training/run_context.py), now asked
+    # of the config with a device and process count, before any device is touched.
+    cfg = apply_overrides(Config(), overrides)
+    with pytest.raises(ConfigError) as err:
+        config_lib.validate_for_devices(cfg, devices, processes, "cpu")
+    assert words in str(err.value), str(err.value)
+
+
+def test_mesh_time_validation_returns_the_trainers_mesh_shape():
+    # 8 devices, 4 of them sampling: fsdp=2 leaves data=2 on the 4 trainer devices. With 2 sampling,
+    # data=-1 takes the 6 left over, which a micro-batch of 128 rows does not split over.
+    cfg = apply_overrides(Config(), ["off_policy.max_staleness=1", "off_policy.rollout_devices=4", "mesh.fsdp=2"])
+    assert config_lib.validate_for_devices(cfg, 8) == (2, 2, 1)
+    with pytest.raises(ConfigError, match="must split evenly over mesh.data \\* mesh.fsdp = 6"):
+        config_lib.validate_for_devices(apply_overrides(Config(), ["off_policy.max_staleness=1",
+                                                                   "off_policy.rollout_devices=2"]), 8)
+
+
+def test_eval_asks_only_for_the_device_split_and_the_mesh():
+    # `eval` builds the mesh but runs no training step: a batch that would not split over 3 devices
+    # (128 rows) is no reason to refuse it; a mesh that does not fit is.
+    cfg = Config()
+    with pytest.raises(ConfigError, match="a micro-batch of 128 completions"):
+        config_lib.validate_for_devices(cfg, 3)
+    assert config_lib.validate_for_devices(cfg, 3, batch=False) == (3, 1, 1)
+    with pytest.raises(ConfigError, match="mesh: data"):
+        config_lib.validate_for_devices(apply_overrides(cfg, ["mesh.data=2"]), 3, batch=False)

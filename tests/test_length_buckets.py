@@ -202,9 +202,10 @@ def test_training_with_length_buckets_matches_training_without(tmp_path):
 
     def run(mode):
         cfg = tiny_config(tmp_path / mode)
-        grpo = dataclasses.replace(cfg.grpo, prompts_per_step=8, bucket_by_length=mode, old_logprobs="recompute",
-                                   num_iterations=2, aggregation="token")
-        return train.run(dataclasses.replace(cfg, grpo=grpo, train=dataclasses.replace(cfg.train, steps=2)),
+        grpo = dataclasses.replace(cfg.grpo, prompts_per_step=8, bucket_by_length=mode, num_iterations=2,
+                                   aggregation="token")
+        return train.run(dataclasses.replace(cfg, grpo=grpo, train=dataclasses.replace(cfg.train, steps=2),
+                                             off_policy=dataclasses.replace(cfg.off_policy, old_logprobs="recompute")),
                          task=SevensTask()).history
 
     on, off = run("on"), run("off")

@@ -1,4 +1,4 @@
-"""LoRA (`model.lora_r`): the merge as a worked example, B = 0 is the base bit for bit, gradients
+"""LoRA (`lora.r`): the merge as a worked example, B = 0 is the base bit for bit, gradients
 are the chain rule of the full gradient, only adapters train, the reference is the base, exact
 resume, peft's layout on export, and the trainable state of a Qwen2.5-0.5B shape.
 """
@@ -34,8 +34,9 @@ SMALL = model_lib.ModelConfig(vocab_size=14, hidden_size=32, intermediate_size=6
 
 def _lora_config(run_dir, r=4, **train_overrides) -> Config:
     cfg = tiny_config(run_dir)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_r=r),
-                               train=dataclasses.replace(cfg.train, **train_overrides))
+    return dataclasses.replace(cfg,
+                               train=dataclasses.replace(cfg.train, **train_overrides),
+                               lora=dataclasses.replace(cfg.lora, r=r))
 
 
 def _bits(tree) -> list[bytes]:
@@ -131,7 +132,8 @@ def test_lora_with_asynchronous_rollouts_resumes_exactly(tmp_path):
     # The rollout snapshots are merged policies (what the sampler reads), checkpointed and restored.
     def config(run_dir, **kw):
         cfg = _lora_config(run_dir, steps=4, **kw)
-        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_staleness=1))
+        return dataclasses.replace(cfg,
+                                   off_policy=dataclasses.replace(cfg.off_policy, max_staleness=1))
 
     straight = train.run(config(tmp_path / "straight"), task=SevensTask())
     assert [r["async/staleness"] for r in straight.history] == [0.0, 1, 1, 1]
@@ -168,14 +170,15 @@ def test_export_writes_the_merged_model_and_peft_adapters(tmp_path):
 
 def test_lora_config_errors_name_the_field(tmp_path):
     cfg = tiny_config(tmp_path)
-    for fields, words in [({"lora_r": 4, "lora_dropout": 0.05}, "model.lora_dropout=0.05"),
-                          ({"lora_r": 4, "lora_target_modules": ("qkv",)}, "unknown LoRA target 'qkv'"),
-                          ({"lora_r": -1}, "model.lora_r=-1")]:
+    for fields, words in [({"r": 4, "dropout": 0.05}, "lora.dropout=0.05"),
+                          ({"r": 4, "target_modules": ("qkv",)}, "unknown LoRA target 'qkv'"),
+                          ({"r": -1}, "lora.r=-1")]:
         with pytest.raises(ConfigError, match=words):
-            dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **fields))
-    with pytest.raises(ConfigError, match="grpo.ref_resync_every=5 with model.lora_r=4"):
-        dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_r=4),
-                            grpo=dataclasses.replace(cfg.grpo, ref_resync_every=5))
+            dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, **fields))
+    with pytest.raises(ConfigError, match="grpo.ref_resync_every=5 with lora.r=4"):
+        dataclasses.replace(cfg,
+                            grpo=dataclasses.replace(cfg.grpo, ref_resync_every=5),
+                            lora=dataclasses.replace(cfg.lora, r=4))
 
 
 def test_trainable_state_of_a_qwen25_05b_shape_is_under_5_percent():
@@ -186,7 +189,8 @@ def test_trainable_state_of_a_qwen25_05b_shape_is_under_5_percent():
     cfg = dataclasses.replace(tiny_config("/tmp/unused"), grpo=dataclasses.replace(tiny_config("/tmp/unused").grpo,
                                                                                      beta=0.0))
     full = check_command.check(cfg, devices=1, model_shape="qwen2.5-0.5b", compile_programs=False)
-    cfg_lora = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_r=16))
+    cfg_lora = dataclasses.replace(cfg,
+                                   lora=dataclasses.replace(cfg.lora, r=16))
     with_lora = check_command.check(cfg_lora, devices=1, model_shape="qwen2.5-0.5b", compile_programs=False)
     assert with_lora["model"]["trainable_params"] == 24 * 366_592
     # Trainable state: params (or adapters) + gradients + Adam's two moments, all float32.

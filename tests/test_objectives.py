@@ -318,6 +318,8 @@ def test_config_loss_type_resolves_and_conflicts_name_both_fields():
 
 def _update_metrics(grpo):
     import optax
+
+    from grpo_jax.config import OffPolicySection
     from flax import nnx
 
     from grpo_jax import model as model_lib
@@ -336,7 +338,9 @@ def _update_metrics(grpo):
                                  completion_mask=jnp.asarray(mask), advantages=jnp.asarray([[1.0, -1.0, 0.5, -0.5]]),
                                  old_logp=jnp.asarray(old), sampler_logp=jnp.asarray(old), ref_logp=jnp.asarray(old))
     tx = optax.sgd(1e-2)
-    update = step_lib.make_update_fn(graphdef, tx, grpo, 1.0)
+    # The sampler correction off: sampler_logp equals old_logp here, and its metrics are not the point.
+    no_correction = OffPolicySection(vllm_importance_sampling_correction=False)
+    update = step_lib.make_update_fn(graphdef, tx, grpo, 1.0, off_policy=no_correction)
     _, _, m = update(jax.tree.map(jnp.copy, params), tx.init(params), batch)
     return {k: float(v) for k, v in m.items()}
 
@@ -346,7 +350,7 @@ def test_update_runs_each_family_and_logs_its_metrics():
     # fractions only for the clipped families, and loss_type="grpo" is exactly the default.
     from grpo_jax.config import GRPOSection
 
-    base = dict(prompts_per_step=2, num_generations=2, beta=0.04, vllm_importance_sampling_correction=False)
+    base = dict(prompts_per_step=2, num_generations=2, beta=0.04)
     default = _update_metrics(GRPOSection(**base))
     assert _update_metrics(GRPOSection(loss_type="grpo", **base)) == default
     expected = {"cispo": "cispo_clip_ratio", "vespo": "vespo/phi_seq_mean", "clip_cov": "actor/pg_clipfrac",

@@ -1,5 +1,5 @@
 """Off-policy training: the sampler correction wired into the trainer, and asynchronous rollouts
-(`train.max_staleness`): the schedule, exactness against the synchronous loop, exact resume with
+(`off_policy.max_staleness`): the schedule, exactness against the synchronous loop, exact resume with
 batches in flight, and the 4 + 4 device split (tests/async_split_check.py).
 
 The tiny SevensTask config of tests/test_train.py (beta 0.04, two minibatches: pi_old is a trainer
@@ -31,7 +31,8 @@ TESTS = Path(__file__).parent
 
 def _config(run_dir, k, **train):
     cfg = tiny_config(run_dir)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_staleness=k, **train))
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train),
+                               off_policy=dataclasses.replace(cfg.off_policy, max_staleness=k))
 
 
 def _same_bits(a, b):
@@ -43,8 +44,8 @@ def _training_figures(row):
     return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "tokens_per_second", "recompiles"))}
 
 
-def _with_grpo(cfg, **grpo):
-    return dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, **grpo))
+def _with_off_policy(cfg, **off_policy):
+    return dataclasses.replace(cfg, off_policy=dataclasses.replace(cfg.off_policy, **off_policy))
 
 
 def test_the_trainer_weighs_tokens_by_its_pi_old_over_the_samplers(tmp_path, monkeypatch):
@@ -68,13 +69,13 @@ def test_the_trainer_weighs_tokens_by_its_pi_old_over_the_samplers(tmp_path, mon
         return device_rows(ctx, batch, advantages, completion_mask)
 
     monkeypatch.setattr(phases, "device_rows", shifted)
-    cfg = _with_grpo(_config(tmp_path / "truncate", 0, steps=2), vllm_importance_sampling_mode="token_truncate")
+    cfg = _with_off_policy(_config(tmp_path / "truncate", 0, steps=2), vllm_importance_sampling_mode="token_truncate")
     for row in train.run(cfg, task=SevensTask()).history:
         assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(np.exp(0.1), rel=LOGP_ERR)
         assert row["sampling/sampling_logp_difference/mean"] == pytest.approx(0.1, abs=LOGP_ERR)
     # ... and with the band [1/1.05, 1.05] token masking drops every token: only the KL trains.
-    cfg = _with_grpo(_config(tmp_path / "mask", 0, steps=2), vllm_importance_sampling_mode="token_mask",
-                     vllm_importance_sampling_clip_max=1.05)
+    cfg = _with_off_policy(_config(tmp_path / "mask", 0, steps=2), vllm_importance_sampling_mode="token_mask",
+                           vllm_importance_sampling_clip_max=1.05)
     for row in train.run(cfg, task=SevensTask()).history:
         assert row["sampling/importance_sampling_masked_fraction"] == 1.0
         assert row["sampling/importance_sampling_ratio/max"] == 0.0
@@ -167,23 +168,25 @@ def test_a_batch_older_than_the_bound_is_dropped_counted_and_sampled_again(tmp_p
 
 
 def test_async_config_errors_name_the_fields(tmp_path):
-    with pytest.raises(ConfigError, match="mesh.rollout_devices=2 needs train.max_staleness >= 1"):
+    with pytest.raises(ConfigError, match="off_policy.rollout_devices=2 needs off_policy.max_staleness >= 1"):
         cfg = tiny_config(tmp_path)
-        dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rollout_devices=2))
-    with pytest.raises(ConfigError, match="mesh.rollout_devices=1 leaves no device"):
+        dataclasses.replace(cfg,
+                            off_policy=dataclasses.replace(cfg.off_policy, rollout_devices=2))
+    with pytest.raises(ConfigError, match="off_policy.rollout_devices=1 leaves no device"):
         cfg = _config(tmp_path, 1)
-        run_context.build(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rollout_devices=1)),
+        run_context.build(dataclasses.replace(cfg,
+                                              off_policy=dataclasses.replace(cfg.off_policy, rollout_devices=1)),
                           task=SevensTask())
-    with pytest.raises(ConfigError, match="train.max_staleness"):
-        dataclasses.replace(tiny_config(tmp_path), train=dataclasses.replace(tiny_config(tmp_path).train,
-                                                                             max_staleness=-1))
+    with pytest.raises(ConfigError, match="off_policy.max_staleness"):
+        dataclasses.replace(tiny_config(tmp_path),
+                            off_policy=dataclasses.replace(tiny_config(tmp_path).off_policy, max_staleness=-1))
 
 
 def test_resuming_with_another_staleness_is_refused_and_the_checkpoints_stay(tmp_path):
     train.run(_config(tmp_path, 1, steps=4, stop_after_steps=2), task=SevensTask())
     steps_before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     for k in (0, 2):
-        with pytest.raises(RunDirError, match="train.max_staleness changed 1 -> %d" % k):
+        with pytest.raises(RunDirError, match="off_policy.max_staleness changed 1 -> %d" % k):
             train.run(_config(tmp_path, k, steps=4), resume=True, allow_config_change=True, task=SevensTask())
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == steps_before
 

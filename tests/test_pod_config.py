@@ -39,7 +39,7 @@ def test_the_pod_config_runs_three_steps_on_two_processes_with_dynamic_sampling(
     run = tmp_path / "run"
     overrides = [f"model.hf_path={ckpt}", f"task.options.path={data}", f"train.run_dir=file://{run}",
                  "train.steps=3", "sampling.max_new_tokens=8", "eval.num_questions=8", "eval.num_samples=2",
-                 "eval.ks=[1,2]", "train.verifier_workers=1", "train.report_to=[]", "mesh.tensor=1"]
+                 "eval.ks=[1,2]", "rewards.workers=1", "train.report_to=[]", "mesh.tensor=1"]
     port = _free_port()
     procs = []
     for i in range(2):

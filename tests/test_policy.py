@@ -48,7 +48,7 @@ def test_adapters_train_over_the_base_which_is_the_reference(tmp_path):
     cfg = _config(tmp_path, lora_r=4)
     mesh, _, _, params = _model(cfg)
     policy, adapters, base = policy_lib.build(cfg, mesh, params)
-    assert policy.trains_adapters and base is params  # float32 base (model.lora_base_dtype default)
+    assert policy.trains_adapters and base is params  # float32 base (lora.base_dtype default)
     state = RunState(step=0, data_position=0, params=adapters, opt_state={}, ref_params=None, base_params=base)
     # B = 0 at the start: the merged policy the sampler reads is the base, bit for bit.
     for merged, w in zip(jax.tree.leaves(policy.full_params(state)), jax.tree.leaves(base)):

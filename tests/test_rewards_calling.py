@@ -106,11 +106,12 @@ def test_with_reward_funcs_keeps_the_task_and_replaces_its_rewards():
 
 
 def test_train_with_task_reward_funcs_from_config(tmp_path):
-    # The command line's route: task.reward_funcs names a TRL-style function by import path. It
+    # The command line's route: rewards.reward_funcs names a TRL-style function by import path. It
     # gets completion_ids and trainer_state (asserted inside) and its values are the reward.
     cfg = tiny_config(tmp_path)
-    cfg = dataclasses.replace(cfg, task=TaskSection(reward_funcs=("test_rewards_calling:sevens_trl",)),
-                              train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0, samples_every=1))
+    cfg = dataclasses.replace(cfg,
+                              train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0, samples_every=1),
+                              rewards=dataclasses.replace(cfg.rewards, reward_funcs=("test_rewards_calling:sevens_trl",)))
     result = train.run(cfg, task=SevensTask())
     rows = [r for r in result.history if "reward" in r]
     assert len(rows) == 2
@@ -143,7 +144,8 @@ def test_a_bad_signature_stops_the_run_at_start_up(tmp_path):
     from grpo_jax.config import ConfigError
 
     cfg = tiny_config(tmp_path)
-    cfg = dataclasses.replace(cfg, task=TaskSection(reward_funcs=("test_rewards_calling:needs_solution",)))
+    cfg = dataclasses.replace(cfg,
+                              rewards=dataclasses.replace(cfg.rewards, reward_funcs=("test_rewards_calling:needs_solution",)))
     with pytest.raises(ConfigError, match=r"reward function 'needs_solution' cannot take the call: missing a "
                                           r"required argument: 'solution'.*'answer', 'completion_ids'"):
         train.run(cfg, task=SevensTask())

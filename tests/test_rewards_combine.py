@@ -220,7 +220,7 @@ def test_hung_function_times_out_in_a_thread_without_a_pool():
         compute_rewards([WeightedReward("slow", _hang)], ["q"] * 2, ["a", "b"], {}, timeout_s=0.5)
     assert 0.5 <= time.monotonic() - start < 3.0  # 0.5 s, plus a loaded 2-core machine's slack
     assert isinstance(e.value, ValueError)  # so callers that catch bad rewards catch this too
-    assert "train.reward_timeout_s" in str(e.value) and "train.verifier_workers > 0" in str(e.value)
+    assert "rewards.timeout_s" in str(e.value) and "rewards.workers > 0" in str(e.value)
 
 
 class StopFlag:

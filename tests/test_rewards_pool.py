@@ -173,7 +173,7 @@ def test_hung_user_function_is_killed_after_the_timeout(pool):
     with pytest.raises(RewardTimeoutError, match="'slow' did not return within timeout_s=0.5 s") as e:
         compute_rewards([WeightedReward("slow", _user_hang)], ["q"] * 2, ["a", "b"], {}, pool=pool, timeout_s=0.5)
     assert time.monotonic() - start < 10  # 0.5 s once loaded; a fresh worker's start-up is not counted
-    assert "killed and replaced" in str(e.value) and "train.reward_timeout_s" in str(e.value)
+    assert "killed and replaced" in str(e.value) and "rewards.timeout_s" in str(e.value)
     assert pool.restarts == before + 1
     _, per_fn = compute_rewards([WeightedReward("pid", _user_pid)], ["q"], ["a"], {}, pool=pool, timeout_s=30.0)
     assert per_fn["pid"][0] > 0  # the pool still works
@@ -202,7 +202,7 @@ def test_should_stop_interrupts_a_hung_worker_promptly(pool):
 
 
 @pytest.mark.parametrize("fn, fields, match", [
-    (lambda prompts, completions, **_: [1.0], {}, "'user' cannot be sent to a worker process.*verifier_workers=0"),
+    (lambda prompts, completions, **_: [1.0], {}, "'user' cannot be sent to a worker process.*rewards.workers=0"),
     (_user_pid, {"lock": [threading.Lock()]}, "'user' cannot be sent to a worker process.*lock"),
     (_user_raises, {}, "'user' raised KeyError: 'answer'"),
     (_user_generator, {}, "'user' returned a generator, which cannot be pickled back"),

@@ -66,7 +66,7 @@ def test_watch_warns_once_per_kind_and_counts_masked_steps(caplog):
             watch.update(step, row)
         watch.close()
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("grpo.truncated_reward='at_most_zero' set 62% of the completions' rewards to 0" in m
+    assert sum("rewards.truncated_reward='at_most_zero' set 62% of the completions' rewards to 0" in m
                for m in messages) == 1
     assert sum("step 1: every completion was masked" in m for m in messages) == 1
     assert "3 step(s) had every completion masked" in messages[-1]
@@ -84,9 +84,10 @@ def test_all_masked_run_logs_no_zeros_and_warns(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(rollout_lib, "score_rollout", all_truncated)
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(
-        cfg, grpo=dataclasses.replace(cfg.grpo, mask_truncated_completions=True, truncated_reward="at_most_zero"),
+        cfg, grpo=dataclasses.replace(cfg.grpo, mask_truncated_completions=True),
         optim=dataclasses.replace(cfg.optim, warmup_steps=20),
-        train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0))
+        train=dataclasses.replace(cfg.train, steps=2, checkpoint_every=0),
+        rewards=dataclasses.replace(cfg.rewards, truncated_reward="at_most_zero"))
     with caplog.at_level(logging.WARNING, logger="grpo_jax"):
         result = train.run(cfg, task=SevensTask())
     rows = [r for r in result.history if "reward" in r]
@@ -97,7 +98,7 @@ def test_all_masked_run_logs_no_zeros_and_warns(tmp_path, caplog, monkeypatch):
         assert r["reward"] == 0.0 and r["rewards/sevens/mean"] > 0  # the cap ate what the function gave
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert text.count("every completion was masked") == 1
-    assert text.count("grpo.truncated_reward='at_most_zero' set") == 1
+    assert text.count("rewards.truncated_reward='at_most_zero' set") == 1
     assert "optim.warmup_steps=20 updates is not shorter than the run (4 updates" in text  # 2 steps x 2 minibatches
     assert "2 step(s) had every completion masked" in text
     plot.plot_run(result.run_dir)  # the plots skip the missing values

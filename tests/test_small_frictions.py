@@ -29,7 +29,7 @@ def test_set_takes_a_comma_list_for_list_fields():
     ("eval.ks=1,x", "e.g. eval.ks=1,8; eval.ks= for none) or a JSON list (e.g. eval.ks='[1, 8]')"),
     ("train.report_to=a,,b", "e.g. train.report_to=tensorboard,wandb"),
     ("train.steps=many", "expected a value of type int (e.g. train.steps=8)"),
-    ("task.reward_weights=1,heavy", "a comma list of float (e.g. task.reward_weights=1.0,0.5"),
+    ("rewards.reward_weights=1,heavy", "a comma list of float (e.g. rewards.reward_weights=1.0,0.5"),
 ])
 def test_a_type_error_shows_an_accepted_example(item, example):
     with pytest.raises(config_lib.ConfigError) as err:

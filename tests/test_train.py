@@ -20,8 +20,8 @@ import pytest
 
 from grpo_jax.training import phases, run_state, step_record, train
 from grpo_jax.training import step as step_lib
-from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
-                             TrainSection)
+from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, RewardsSection,
+                             SamplingSection, TrainSection)
 from grpo_jax.rewards import RewardTimeoutError
 from grpo_jax.tasks import RewardSpec
 from tolerances import ADAM_EPS_FOR_COMPARISONS, GRAD_REL_ERR, adam_weight_atol
@@ -60,12 +60,12 @@ def tiny_config(run_dir, **train_overrides) -> Config:
                            num_heads=2, num_kv_heads=1, head_dim=16),
         sampling=SamplingSection(max_new_tokens=4),
         # The sevens reward counts 7s in 4 tokens, EOS or not, so truncated answers keep their score.
-        grpo=GRPOSection(prompts_per_step=4, num_generations=4, beta=0.04, num_minibatches=2,
-                         truncated_reward="as_scored"),
+        grpo=GRPOSection(prompts_per_step=4, num_generations=4, beta=0.04, num_minibatches=2),
         optim=OptimSection(learning_rate=1e-2),
         eval=EvalSection(every=0, num_questions=0),
         train=TrainSection(steps=6, seed=3, run_dir=str(run_dir), checkpoint_every=1, samples_every=0,
                            progress=False, **train_overrides),
+        rewards=RewardsSection(truncated_reward="as_scored"),
     )
 
 
@@ -265,12 +265,12 @@ def test_every_grpo_option_runs_and_reports(tmp_path):
     cfg = tiny_config(tmp_path)
     cfg = dataclasses.replace(
         cfg,
-        grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2, num_iterations=2,
-                                 old_logprobs="recompute", grad_accum_steps=2, num_minibatches=2,
+        grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2, num_iterations=2, grad_accum_steps=2, num_minibatches=2,
                                  aggregation="token", eps_high=0.28, scale_rewards="batch",
                                  mask_truncated_completions=True, ref_dtype="bfloat16", ref_resync_every=2,
                                  kl="k2", ratio="sequence"),
-        train=dataclasses.replace(cfg.train, steps=3, export_hf=True))
+        train=dataclasses.replace(cfg.train, steps=3, export_hf=True),
+        off_policy=dataclasses.replace(cfg.off_policy, old_logprobs="recompute"))
     result = train.run(cfg, task=SevensTask())
     last = result.history[-1]
     assert 1 <= last["dynamic_sampling/rounds"] <= 3
@@ -513,7 +513,7 @@ class HangingSevens(SevensTask):
 
 
 def test_a_hanging_reward_function_times_out_naming_it_and_the_last_step_is_saved(tmp_path):
-    cfg = tiny_config(tmp_path, reward_timeout_s=1.0)
+    cfg = dataclasses.replace(tiny_config(tmp_path), rewards=RewardsSection(truncated_reward="as_scored", timeout_s=1.0))
     t0 = time.time()
     with pytest.raises(RewardTimeoutError, match="sevens_or_hang"):
         train.run(cfg, task=HangingSevens())
@@ -527,7 +527,7 @@ def test_sigterm_while_a_reward_function_hangs_still_stops_the_run(tmp_path):
     def send_sigterm():
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
-    cfg = tiny_config(tmp_path, reward_timeout_s=0.0)  # no timeout at all
+    cfg = dataclasses.replace(tiny_config(tmp_path), rewards=RewardsSection(truncated_reward="as_scored", timeout_s=0.0))  # no limit
     t0 = time.time()
     result = train.run(cfg, task=HangingSevens(on_hang=send_sigterm))
     assert time.time() - t0 < 25

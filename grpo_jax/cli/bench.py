@@ -35,7 +35,7 @@ from grpo_jax.tasks.base import example_rng
 
 W1_MODEL = ModelSection(tokenizer="builtin", vocab_size=1024, hidden_size=256, intermediate_size=704,
                         num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0,
-                        qkv_bias=True, tie_embeddings=False, dtype="float32", param_dtype="float32")
+                        qkv_bias=True, tie_embeddings=False, dtype="float32")
 W1_PROMPT_LEN = 32  # the sampler's bucket for the 29-token prompts
 # W2 (benchmarks/bench_w2_gpu.py): a Qwen2.5-0.5B-shaped policy, bf16 compute on float32 masters.
 W2_MODEL = ModelSection(tokenizer="builtin", vocab_size=151936, hidden_size=896, intermediate_size=4864,

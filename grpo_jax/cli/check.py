@@ -198,7 +198,7 @@ def abstract_state(config, model_config, mesh) -> Abstract:
 
 def _trainer_mesh(config, devices: int | None):
     """(mesh, the sampler's own devices, every device here): the trainer's refusals and device
-    split (mesh.rollout_devices), with train's words, on the first `devices` devices."""
+    split (off_policy.rollout_devices), with train's words, on the first `devices` devices."""
     import jax
 
     from grpo_jax import config as config_lib
@@ -229,7 +229,7 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
     act_bytes = 2 if model_config.dtype == "bfloat16" else 4
     # The step's rows during the log-prob pass and the update (phases.device_rows): tokens and
     # attention [S], completion mask and sampler log-probs [C], an advantage, ref / old log-probs [C].
-    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (g.resolved_old_logprobs() == "recompute"))
+    per_row = 4 * (2 * seq + 2 * c + 1) + 4 * c * ((g.beta > 0) + (config.resolved_old_logprobs() == "recompute"))
     if g.teacher_model_name_or_path:  # the teacher's log-probs [C], or top-k log-probs and ids [C, K]
         per_row += 4 * c * (1 if g.loss_top_k == 0 else 2 * g.loss_top_k)
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
@@ -321,7 +321,7 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
                                             model_config.num_kv_heads, model_config, act_bytes),
         "model": {"source": source, "num_params": sum(math.prod(x.shape) for x in jax.tree.leaves(st.params)),
                   "trainable_params": policy_lib.trainable_count(trainable),
-                  "lora_r": config.model.lora_r,
+                  "lora_r": config.lora.r,
                   "num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
                   "num_heads": model_config.num_heads, "num_kv_heads": model_config.num_kv_heads,
                   "vocab_size": model_config.vocab_size, "dtype": model_config.dtype,
@@ -344,8 +344,8 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
 
 
 def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_config, act_bytes) -> dict | None:
-    """mesh.rollout_devices: the sampler's own devices, each with whole float32 snapshots of the
-    policy (one per step of train.max_staleness; grpo_jax.training.async_rollouts) and the KV cache of its
+    """off_policy.rollout_devices: the sampler's own devices, each with whole float32 snapshots of the
+    policy (one per step of off_policy.max_staleness; grpo_jax.training.async_rollouts) and the KV cache of its
     share of the rows. None when the sampler shares the trainer's devices."""
     import jax
 
@@ -355,7 +355,7 @@ def _rollout_figures(config, st, rollout_devices, rows, seq, kv_heads, model_con
     weights = sum(math.prod(x.shape) * 4 for x in jax.tree.leaves(st.params))  # adapters: the merged policy, same shapes
     kv = (rows // r) * seq * model_config.num_layers * 2 * kv_heads * model_config.head_dim * act_bytes
     return {"devices": r, "rows_per_device": rows // r,
-            "snapshot_bytes_per_device": weights * config.train.max_staleness, "kv_cache_bytes_per_device": kv}
+            "snapshot_bytes_per_device": weights * config.off_policy.max_staleness, "kv_cache_bytes_per_device": kv}
 
 
 def main(argv=None) -> int:

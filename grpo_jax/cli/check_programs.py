@@ -104,7 +104,7 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
     if g.beta > 0:
         programs["logprobs_ref"] = _compile("logprobs_ref", tr.logprob_fn.jitted.lower(
             tr.policy.reference(state), tokens, attention, c))
-    if g.resolved_old_logprobs() == "recompute":
+    if config.resolved_old_logprobs() == "recompute":
         programs["logprobs_policy"] = _compile("logprobs_policy", tr.logprob_fn.jitted.lower(
             tr.policy.abstract_full_params(state), tokens, attention, c))
     a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
@@ -112,7 +112,7 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
     batch = step_lib.UpdateBatch(
         tokens=_rows((a, m, seq), i32, mb_sh), attention=_rows((a, m, seq), i32, mb_sh),
         completion_mask=_rows((a, m, c), i32, mb_sh), advantages=_rows((a, m), f32, mb_sh),
-        old_logp=None if g.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
+        old_logp=None if config.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
         ref_logp=per_token if g.beta > 0 else None, **teacher_fields(g, (a, m, c), mb_sh))
     programs["update"] = _compile("update", tr.update_fn.lower(state.params, state.opt_state, batch,
                                                                *tr.policy.update_extra_args(state)))

@@ -34,7 +34,7 @@ def format_report(f: dict) -> str:
     mesh = " ".join(f"{k}={v}" for k, v in f["mesh"].items())
     split = f.get("rollout_devices")
     where = "" if not split else (
-        f"; rollouts on {split['devices']} more device(s) of their own (mesh.rollout_devices): "
+        f"; rollouts on {split['devices']} more device(s) of their own (off_policy.rollout_devices): "
         f"{split['rows_per_device']} rows each, {gib(split['snapshot_bytes_per_device'])} of policy snapshots "
         f"+ {gib(split['kv_cache_bytes_per_device'])} KV cache per device")
     trainer = f["devices"] - (split["devices"] if split else 0)

@@ -63,7 +63,7 @@ def resolve_shape(config, preset: str | None):
         eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
         return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
     try:
-        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+        model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype="float32", remat=m.remat,
                                          attention_impl=m.attention_impl)
     except (KeyError, ValueError) as e:
         raise config_lib.ConfigError(f"{source}: {e}") from None

@@ -46,8 +46,8 @@ OPERATIONAL_FIELDS = (
     "train.async_checkpoints",
     "train.stop_after_steps",
     "train.export_hf",
-    "train.verifier_workers",
-    "train.reward_timeout_s",
+    "rewards.workers",
+    "rewards.timeout_s",
     "train.max_nonfinite_steps",
     "train.progress",
     "train.report_to",
@@ -57,11 +57,11 @@ OPERATIONAL_FIELDS = (
 
 # Fields that set what a checkpoint holds: a changed value cannot restore it (even with
 # --allow-config-change), and trying would set the good checkpoints aside as corrupt.
-CHECKPOINT_LAYOUT_FIELDS = ("train.max_staleness", "model.vocab_size", "model.hidden_size",
+CHECKPOINT_LAYOUT_FIELDS = ("off_policy.max_staleness", "model.vocab_size", "model.hidden_size",
                             "model.intermediate_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
                             "model.head_dim", "model.tie_embeddings", "model.qkv_bias", "model.qk_norm",
-                            "model.lora_r", "model.lora_target_modules")
-_LAYOUT_WHAT = {"train.max_staleness": "the parameter snapshots of in-flight rollouts"}
+                            "lora.r", "lora.target_modules")
+_LAYOUT_WHAT = {"off_policy.max_staleness": "the parameter snapshots of in-flight rollouts"}
 
 
 class RunDirError(ValueError):
@@ -230,12 +230,13 @@ def check_resumed_config(config: config_lib.Config, run_dir, *, allow_config_cha
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read the run's config ({e}); fix or remove the file to resume") from None
+    saved = config_lib.upgrade_saved(saved, str(path))  # a run saved before the sections were regrouped
     diffs = config_differences(saved, config_lib.to_dict(config))
     # (A config written before the field existed ran with its default, 0.)
     # The model.* shape fields are ignored when a checkpoint (model.hf_path) gives the shape.
     from_hf = bool(config.model.hf_path) and bool(saved.get("model", {}).get("hf_path"))
     layout = [d for d in diffs if d[0] in CHECKPOINT_LAYOUT_FIELDS and (d[1] or 0) != d[2]
-              and not (from_hf and d[0].startswith("model.") and not d[0].startswith("model.lora"))]
+              and not (from_hf and d[0].startswith("model."))]
     if layout:
         key, old, new = layout[0]
         raise RunDirError(

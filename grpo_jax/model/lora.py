@@ -1,4 +1,4 @@
-"""LoRA adapters as an explicit pytree beside the frozen base weights (`model.lora_r > 0`).
+"""LoRA adapters as an explicit pytree beside the frozen base weights (`lora.r > 0`).
 
 For each targeted weight W (HF module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
 down_proj) the adapters hold A [in, r] and B [r, out], with in / out W's input and output
@@ -43,21 +43,13 @@ PRESETS = {
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
     """What the trainer needs to know of a LoRA run: rank, scale alpha / r, the targeted weight
-    names, and the dtype merged weights are computed in (the model's compute dtype)."""
+    names, and the dtype merged weights are computed in (the model's compute dtype). Built from the
+    config by `grpo_jax.config.LoraSection.spec`."""
 
     rank: int
     scale: float
     targets: tuple[str, ...]
     merge_dtype: Any = jnp.float32
-
-    @classmethod
-    def from_model_section(cls, m) -> "LoraSpec | None":
-        """From `config.model` (None when lora_r = 0)."""
-        if not m.lora_r:
-            return None
-        dtype = jnp.bfloat16 if m.dtype == "bfloat16" else jnp.float32
-        return cls(rank=m.lora_r, scale=m.lora_alpha / m.lora_r, targets=resolve_targets(m.lora_target_modules),
-                   merge_dtype=dtype)
 
     def model_params(self, adapters: dict, base):
         """The policy's full params: `merge(base, adapters)`."""
@@ -65,7 +57,7 @@ class LoraSpec:
 
 
 def resolve_targets(names: Iterable[str]) -> tuple[str, ...]:
-    """Weight names from `model.lora_target_modules`: presets expanded, order kept, no repeats."""
+    """Weight names from `lora.target_modules`: presets expanded, order kept, no repeats."""
     out: list[str] = []
     for name in names:
         for weight in PRESETS.get(name, (name,)):

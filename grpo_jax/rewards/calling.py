@@ -37,7 +37,7 @@ class TrainerState:
 class RewardLog:
     """TRL's `log_metric(name, value)` and `log_extra(column, values)` for reward functions: scalars
     averaged into the step's row under their own names, columns (one value per completion) added to
-    the logged samples. A function run in a worker process (`train.verifier_workers > 0`) logs into
+    the logged samples. A function run in a worker process (`rewards.workers > 0`) logs into
     the worker's copy, which is not collected."""
 
     def __init__(self):

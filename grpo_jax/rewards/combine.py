@@ -35,7 +35,7 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RewardTimeoutError(ValueError):
-    """A reward function's batch call ran past `timeout_s` (the trainer's `train.reward_timeout_s`)."""
+    """A reward function's batch call ran past `timeout_s` (the trainer's `rewards.timeout_s`)."""
 
 
 class RewardInterrupted(Exception):
@@ -119,7 +119,7 @@ def compute_rewards(reward_fns: Sequence[WeightedReward], prompts: list[str], co
 
 def _timeout_message(name: str, timeout_s: float, n: int, where: str) -> str:
     return (f"reward function {name!r} did not return within timeout_s={timeout_s:g} s for a batch of {n} "
-            f"completions ({where}). If it is just slow, raise train.reward_timeout_s; if it hangs on some "
+            f"completions ({where}). If it is just slow, raise rewards.timeout_s; if it hangs on some "
             "input, fix it (time-limit its own per-completion work)")
 
 
@@ -153,7 +153,7 @@ def _call_in_thread(r: WeightedReward, args, kwargs, n, timeout_s, should_stop):
             raise RewardTimeoutError(_timeout_message(
                 r.name, timeout_s, n,
                 "it ran in a thread of the trainer, which cannot be killed and may still be running; set "
-                "train.verifier_workers > 0 to run reward functions in worker processes that are killed on "
+                "rewards.workers > 0 to run reward functions in worker processes that are killed on "
                 "timeout"))
     if "error" in box:
         e = box["error"]
@@ -172,9 +172,9 @@ def _call_in_worker(r: WeightedReward, pool, args, kwargs, n, timeout_s, should_
     except pickle.PicklingError as e:
         raise ValueError(
             f"reward function {r.name!r} cannot be sent to a worker process ({e}). With "
-            "train.verifier_workers > 0 user reward functions run in worker processes, so the function and "
+            "rewards.workers > 0 user reward functions run in worker processes, so the function and "
             "its arguments must pickle: define it at the top level of an importable module (not a lambda, a "
-            "closure or a notebook cell), or set train.verifier_workers=0 to run it in a thread") from e
+            "closure or a notebook cell), or set rewards.workers=0 to run it in a thread") from e
     except pool_lib.CallTimeout as e:
         raise RewardTimeoutError(_timeout_message(
             r.name, timeout_s, n, "its worker process was killed and replaced")) from e

@@ -12,7 +12,7 @@ included), whether it ran out of tokens, and each sampled token's log-prob under
 softmax(logits / temperature). The rollout (`training.rollout.dispatch_rollout`), `evaluate` and the
 SFT warm-up's accuracy check call only this. An external engine (a vLLM server, say) is added by
 implementing that call and returning those arrays; its log-probs are pi_old where
-`grpo.old_logprobs` resolves to "sampler", else they feed the sampler correction.
+`off_policy.old_logprobs` resolves to "sampler", else they feed the sampler correction.
 
 The built-in engine, one module per job:
   sampler.py     `Sampler`: the host side (checks, prompt buckets, the mesh's row layout, thread

@@ -1,5 +1,5 @@
 """Your own reward functions on any task: given as callables (Python) or import paths (the command
-line's `task.reward_funcs`), with TRL's `reward_weights`.
+line's `rewards.reward_funcs`), with TRL's `reward_weights`.
 
     task = with_reward_funcs(make_task("jsonl", path="train.jsonl"), [my_reward, "my_pkg.rewards:brevity"])
 

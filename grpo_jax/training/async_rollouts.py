@@ -1,4 +1,4 @@
-"""Asynchronous rollouts with bounded staleness (`train.max_staleness = k >= 1`).
+"""Asynchronous rollouts with bounded staleness (`off_policy.max_staleness = k >= 1`).
 
 Step n's batch is sampled from the policy after step v(n) = max(0, n - 1 - k), so it can be
 sampled while steps v(n) + 1 .. n - 1 update: a rollout thread samples and scores the steps in
@@ -15,7 +15,7 @@ in `async/dropped_batches`, and sampled again from the current params.
 
 Placement (`run_context.RolloutPlacement`): on the trainer's devices, the sampler reads a copy of
 the params (the update donates the ones it read), dispatched from the rollout thread; with
-`mesh.rollout_devices` the sampler has devices of its own and each update's params are resharded
+`off_policy.rollout_devices` the sampler has devices of its own and each update's params are resharded
 onto them (`jax.device_put`), timed as `time/weight_sync`.
 """
 
@@ -173,7 +173,7 @@ class AsyncBatches:
     and returns the state with the snapshots a checkpoint must keep."""
 
     def __init__(self, ctx: RunContext, state: RunState, should_stop=lambda: False):
-        self.ctx, self.k = ctx, ctx.config.train.max_staleness
+        self.ctx, self.k = ctx, ctx.config.off_policy.max_staleness
         self.placement = ctx.rollout
         self.snapshots = Snapshots()
         # Fresh: every early step samples from version 0. Resumed: the checkpoint's snapshots.
@@ -204,7 +204,7 @@ class AsyncBatches:
         staleness = state.step - item.version
         if staleness > self.k:
             self.dropped += 1
-            log.warning("step %d: its batch is %d steps stale (train.max_staleness=%d); dropped and sampled again "
+            log.warning("step %d: its batch is %d steps stale (off_policy.max_staleness=%d); dropped and sampled again "
                         "from the current params", step, staleness, self.k)
             item = self.worker.collect(step, state.step, self.snapshots.get(state.step))
             staleness = 0

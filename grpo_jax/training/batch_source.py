@@ -5,7 +5,7 @@ sample while the host writes), `next_batch` (the step's sampled and scored batch
 update is dispatched, `published` (the new params to whoever samples). `row_metrics` adds what the
 source measured to the step's row. `SyncBatches` samples step n from the params after step n - 1
 (the seed's Step 5); `async_rollouts.AsyncBatches` takes batches from a rollout thread sampling from
-params up to `train.max_staleness` steps older.
+params up to `off_policy.max_staleness` steps older.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class SyncBatches:
 
 
 def open_source(ctx: RunContext, state: RunState, should_stop: Callable[[], bool]) -> BatchSource:
-    """The run's batch source: a rollout thread with `train.max_staleness` > 0 (`ctx.rollout`),
+    """The run's batch source: a rollout thread with `off_policy.max_staleness` > 0 (`ctx.rollout`),
     else the synchronous one. `should_stop` interrupts the rollout thread's reward functions."""
     if ctx.rollout is not None:
         return async_rollouts.AsyncBatches(ctx, state, should_stop=should_stop)

@@ -162,10 +162,11 @@ class Bucketing:
 
 def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, params, opt_state,
                    update_group: int, logprob_group: int, model_params_fn=None, frozen=None,
-                   compiler_options: dict | None = None) -> Bucketing | None:
+                   compiler_options: dict | None = None, off_policy=None) -> Bucketing | None:
     """The run's `Bucketing` (None for mode "off"); R from the minibatch and the mesh. With a
     `frozen` tree, `params` are what trains, merged into it by `model_params_fn` (the policy's
-    adapters over their base: `grpo_jax.training.policy`); the log-prob pass runs on full params."""
+    adapters over their base: `grpo_jax.training.policy`); the log-prob pass runs on full params.
+    `off_policy`: the sampler correction's settings (config.off_policy; None: the defaults)."""
     if mode == "off":
         return None
     multiple = sharding.batch_size_multiple(mesh)
@@ -175,7 +176,8 @@ def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, p
         rows=chunk_rows(plan.rows_per_minibatch, plan.rows_per_micro_batch, multiple),
         update=step_lib.make_chunked_update(graphdef, tx, grpo, temperature, mesh=mesh, params=params,
                                             opt_state=opt_state, model_params_fn=model_params_fn, frozen=frozen,
-                                            compiler_options=compiler_options),
+                                            compiler_options=compiler_options,
+                                            **({} if off_policy is None else {"off_policy": off_policy})),
         logprob_fn=step_lib.make_logprob_fn(graphdef, temperature, mesh=mesh,
                                             params=params if frozen is None else frozen),
         update_group=update_group,

@@ -113,7 +113,7 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
     `max_resample_rounds` are spent. `device_free_at`: when the devices finished their previous
     work (the rollout's time starts then at the earliest).
 
-    User reward functions get `train.reward_timeout_s` per batch (0: none); `should_stop()`
+    User reward functions get `rewards.timeout_s` per batch (0: none); `should_stop()`
     interrupts one that is still running (`rewards.RewardInterrupted`)."""
     g, processes = ctx.config.grpo, ctx.processes
     G, B = g.num_generations, g.prompts_per_step
@@ -125,10 +125,10 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
         # A reward function's error (or timeout) on one process stops every process here.
         ro = processes.agreed(lambda: rollout_lib.score_rollout(
             pending, ctx.tokenizer, ctx.task, step=step, pool=ctx.pool,
-            timeout_s=ctx.config.train.reward_timeout_s or None, should_stop=should_stop,
+            timeout_s=ctx.config.rewards.timeout_s or None, should_stop=should_stop,
             max_steps=ctx.config.train.steps),
             f"scoring step {step}'s rewards")
-        rewards = truncation_rule(ro.rewards, ro.truncated, g.truncated_reward)
+        rewards = truncation_rule(ro.rewards, ro.truncated, ctx.config.rewards.truncated_reward)
         rounds.append((ro, {
             "rewards": processes.gather(rewards),
             "zeroed": processes.gather(ro.truncated & (ro.rewards > 0) & (rewards == 0)),
@@ -236,7 +236,7 @@ def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, n
     if g.adv_estimator == "gdpo":
         # Each function's own values, under the same truncation rule as the total, in reward_fns order.
         specs = ctx.task.reward_fns()
-        per_func = np.stack([truncation_rule(batch.reward_parts[r.name], batch.truncated, g.truncated_reward)
+        per_func = np.stack([truncation_rule(batch.reward_parts[r.name], batch.truncated, ctx.config.rewards.truncated_reward)
                              for r in specs], axis=1)
         weights = np.array([r.weight for r in specs], np.float32)
     advantages = np.asarray(
@@ -293,7 +293,7 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict):
     if getattr(ctx, "teacher", None) is not None:  # on-policy distillation: the teacher's view of the rows
         teacher = ctx.teacher.targets(rows["tokens"], rows["attention"], num_targets=num_targets)
         rows.update(teacher)  # read by `update` (UpdateBatch's teacher fields)
-    source = g.resolved_old_logprobs()
+    source = ctx.config.resolved_old_logprobs()
     old_logp = {"sampler": rows["sampler_logp"], "in_loss": None}.get(source)
     if source == "recompute":
         old_logp = pass_over_rows(ctx.policy_params(state))
@@ -390,7 +390,7 @@ def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
         "completions/min_length": float(batch.lengths.min()),
         "completions/max_length": float(batch.lengths.max()),
         "completions/clipped_ratio": float(batch.truncated.mean()),
-        # The share of completions whose positive reward grpo.truncated_reward="at_most_zero" took away.
+        # The share of completions whose positive reward rewards.truncated_reward="at_most_zero" took away.
         "completions/truncated_reward_zeroed": (float(batch.zeroed_by_truncation.mean())
                                                 if batch.zeroed_by_truncation is not None else 0.0),
         "advantages/mean": float(advantages.mean()),

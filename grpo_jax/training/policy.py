@@ -1,5 +1,5 @@
 """The policy as training sees it, for both kinds of fine-tuning: every weight trains (the
-reference is a frozen copy), or LoRA adapters (`model.lora_r > 0`) train over a frozen base that
+reference is a frozen copy), or LoRA adapters (`lora.r > 0`) train over a frozen base that
 is also the reference. One `Policy` answers what trains, what the sampler reads, what the
 reference is, what the update takes besides the trainable params, what a checkpoint holds and how
 an export is written; the rest of training asks it and does not branch on the kind.
@@ -32,7 +32,7 @@ class Policy:
     merge_fn: Any = None  # adapters: jitted (adapters, base) -> full params, the base's training layout
     base_dtype: Any = None  # adapters: the frozen base's dtype after an SFT warm-up (None: as it is)
     base_in_checkpoint: bool = False  # adapters: the SFT warm-up changed the base, so checkpoints hold it
-    alpha: float = 0.0  # adapters: model.lora_alpha, for the PEFT export
+    alpha: float = 0.0  # adapters: lora.alpha, for the PEFT export
 
     @property
     def trains_adapters(self) -> bool:
@@ -182,27 +182,27 @@ def build(config: config_lib.Config, mesh, params, *, abstract: bool = False) ->
 
     Adapters: fresh (B = 0) and born in their shardings from the base's shapes alone (one jitted
     init: no host copy, each process computes only its shards); the base cast to
-    `model.lora_base_dtype` unless an SFT warm-up comes first (it trains float32 weights; the cast
+    `lora.base_dtype` unless an SFT warm-up comes first (it trains float32 weights; the cast
     follows it, `Policy.after_warm_up`). `abstract`: `params` are ShapeDtypeStructs with shardings
     and so is everything returned (`jax.eval_shape` of the very same programs)."""
     m = config.model
-    spec = lora_lib.LoraSpec.from_model_section(m)
+    spec = config.lora.spec(config.model.dtype)
     if spec is None:
         return Policy(), params, None
     realize = jax.eval_shape if abstract else _call  # of jitted functions with out_shardings: laid out either way
-    base_dtype = jnp.bfloat16 if m.lora_base_dtype == "bfloat16" else None
+    base_dtype = jnp.bfloat16 if config.lora.base_dtype == "bfloat16" else None
     base = params
     if config.sft.steps == 0 and base_dtype is not None:
         base = _cast(params, base_dtype, mesh, abstract)
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)
 
     def init():
-        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), m.lora_init)
+        return lora_lib.init_adapters(shapes, spec.targets, spec.rank, jax.random.PRNGKey(m.init_seed + 1), config.lora.init)
 
     adapters = realize(jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init))))
     merge_fn = sharding.MeshJit(jax.jit(spec.model_params, out_shardings=sharding.param_shardings(mesh, base)), mesh)
     policy = Policy(adapters=spec, merge_fn=merge_fn, base_dtype=base_dtype, base_in_checkpoint=config.sft.steps > 0,
-                    alpha=m.lora_alpha)
+                    alpha=config.lora.alpha)
     return policy, adapters, base
 
 

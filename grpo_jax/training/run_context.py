@@ -47,7 +47,7 @@ class RunState:
     params: Any  # the policy, training layout
     opt_state: Any  # Optax state, laid out like the params
     ref_params: Any | None  # the frozen reference (None when grpo.beta == 0)
-    # Asynchronous rollouts (train.max_staleness = k): the k params snapshots the next k steps'
+    # Asynchronous rollouts (off_policy.max_staleness = k): the k params snapshots the next k steps'
     # rollouts sample from, slot j for step `step + 1 + j` (grpo_jax.training.async_rollouts); () otherwise.
     rollout_params: tuple = ()
     # Adapters (grpo_jax.training.policy): `params` are the adapters and this is the frozen base
@@ -60,7 +60,7 @@ class RunState:
 @dataclasses.dataclass(frozen=True)
 class RolloutPlacement:
     """Where asynchronous rollouts run: on the trainer's devices from a second host thread
-    (`split` False), or on a mesh of their own (`mesh.rollout_devices`). `to_sampler(params)` is
+    (`split` False), or on a mesh of their own (`off_policy.rollout_devices`). `to_sampler(params)` is
     the sampler's copy of the policy: a device copy (the update donates the params it read) or a
     reshard onto the sampler's devices (the weight sync)."""
 
@@ -95,7 +95,7 @@ class RunContext:
     base_key: jax.Array
     eval_examples: list[dict]
     pool: Any  # rewards.VerifierPool or None
-    rollout: RolloutPlacement | None = None  # train.max_staleness > 0
+    rollout: RolloutPlacement | None = None  # off_policy.max_staleness > 0
     # What trains, what the sampler and the reference read (full fine-tuning or adapters).
     policy: policy_lib.Policy = policy_lib.Policy()
     # On-policy distillation (grpo.teacher_model_name_or_path): the frozen teacher (grpo_jax.training.teacher),
@@ -140,7 +140,7 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         from grpo_jax.io import hf
 
         try:
-            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+            model = hf.load_model(m.hf_path, dtype=m.dtype, param_dtype="float32", remat=m.remat,
                                   attention_impl=m.attention_impl)
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
@@ -200,7 +200,7 @@ def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_l
         tie_embeddings=m.tie_embeddings,
         qkv_bias=m.qkv_bias,
         qk_norm=m.qk_norm,
-        param_dtype=m.param_dtype,
+        param_dtype="float32",
         dtype=m.dtype,
         remat=m.remat,
         attention_impl=m.attention_impl,
@@ -243,29 +243,10 @@ def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, 
 
 
 def check_batch_fits_mesh(config: config_lib.Config, mesh) -> None:
-    """Row counts that must split over the devices (and processes), as ConfigErrors naming the fields."""
-    g = config.grpo
-    multiple = sharding.batch_size_multiple(mesh)
-    rows_per_micro = BatchPlan.of(g, multiple).rows_per_micro_batch
-    if rows_per_micro % multiple:
-        raise config_lib.ConfigError(
-            f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
-            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
-            f"{multiple} devices"
-        )
-    n_proc = jax.process_count()
-    if n_proc == 1:
-        return
-    if g.prompts_per_step % n_proc or g.prompts_per_step % multiple:
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {n_proc} processes and over "
-            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)"
-        )
-    if config.sft.steps > 0 and config.sft.batch_size % multiple:
-        raise config_lib.ConfigError(
-            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp = {multiple} devices "
-            "on several processes (each process feeds its devices' rows)"
-        )
+    """Row counts that must split over the mesh's devices (and processes), as ConfigErrors naming
+    the fields (config validation's mesh-time half: `config.validate_for_devices`)."""
+    config_lib.validate_for_devices(config, mesh.size + config.off_policy.rollout_devices, jax.process_count(),
+                                    jax.default_backend())
 
 
 def configured_tokenizer(config: config_lib.Config):
@@ -292,49 +273,35 @@ def configured_task(config: config_lib.Config):
 
 
 def with_configured_rewards(config: config_lib.Config, task):
-    """`task` with `task.reward_funcs` (import paths) in place of its own reward functions, if set."""
-    if not config.task.reward_funcs:
-        if config.task.reward_weights:
-            raise config_lib.ConfigError(f"task.reward_weights={list(config.task.reward_weights)} without "
-                                         "task.reward_funcs: the weights are for your own functions; set both")
+    """`task` with `rewards.reward_funcs` (import paths) in place of its own reward functions, if set."""
+    if not config.rewards.reward_funcs:  # (weights without functions: RewardsSection.validate refuses them)
         return task
     try:
-        return with_reward_funcs(task, config.task.reward_funcs, config.task.reward_weights)
+        return with_reward_funcs(task, config.rewards.reward_funcs, config.rewards.reward_weights)
     except ValueError as e:
-        raise config_lib.ConfigError(f"task.reward_funcs={list(config.task.reward_funcs)}: {e}") from None
+        raise config_lib.ConfigError(f"rewards.reward_funcs={list(config.rewards.reward_funcs)}: {e}") from None
 
 
 def split_devices(config: config_lib.Config, devices: list | None = None) -> tuple[list, list]:
     """(the trainer's devices, the sampler's) of `devices` (default: all): the last
-    `mesh.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
+    `off_policy.rollout_devices` sample. Refuses a split that leaves no trainer device, or rows that do
     not split over the sampler's devices, or asynchronous rollouts over several processes (`train`
     and `check` both call this, so they refuse the same configs with the same words)."""
     devices = list(jax.devices() if devices is None else devices)
-    r, g, staleness = config.mesh.rollout_devices, config.grpo, config.train.max_staleness
-    if r and r >= len(devices):
-        raise config_lib.ConfigError(f"mesh.rollout_devices={r} leaves no device to train on ({len(devices)} "
-                                     f"{jax.default_backend()} devices)")
-    if staleness and jax.process_count() > 1:
-        raise config_lib.ConfigError(
-            f"train.max_staleness={staleness} runs in one process; this run has "
-            f"{jax.process_count()}. Use train.max_staleness=0 on several processes")
-    rows = g.prompts_per_step * g.num_generations
-    if r and rows % r:
-        raise config_lib.ConfigError(
-            f"grpo.prompts_per_step * grpo.num_generations = {rows} completions must split evenly over "
-            f"mesh.rollout_devices={r}")
+    config_lib.validate_for_devices(config, len(devices), jax.process_count(), jax.default_backend(), batch=False)
+    r = config.off_policy.rollout_devices
     return (devices[: len(devices) - r], devices[len(devices) - r:]) if r else (devices, [])
 
 
 def configured_mesh(config: config_lib.Config, devices: list | None = None):
     """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
-    all, unless `mesh.rollout_devices`); a size that does not fit is a ConfigError."""
+    all, unless `off_policy.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
     devices, _ = split_devices(config, devices)
     try:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     except ValueError as e:
-        where = " left for training by mesh.rollout_devices" if m.rollout_devices else ""
+        where = " left for training by off_policy.rollout_devices" if config.off_policy.rollout_devices else ""
         raise config_lib.ConfigError(f"{e} ({len(devices)} {jax.default_backend()} devices{where})") from None
     log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
              jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
@@ -344,9 +311,9 @@ def configured_mesh(config: config_lib.Config, devices: list | None = None):
 
 def rollout_placement(config: config_lib.Config, graphdef, model_config, tokenizer, mesh, sampler,
                       params) -> RolloutPlacement | None:
-    """Asynchronous rollouts' sampler and devices (None when train.max_staleness = 0). One process
+    """Asynchronous rollouts' sampler and devices (None when off_policy.max_staleness = 0). One process
     only: the rollout thread's gathers would interleave with the trainer's across processes."""
-    if config.train.max_staleness == 0:
+    if config.off_policy.max_staleness == 0:
         return None
     _, rollout_devices = split_devices(config)  # its refusals ran in configured_mesh already
     if not rollout_devices:
@@ -390,10 +357,10 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     # What trains: every weight, or adapters over a frozen base (grpo_jax.training.policy).
     tr = trainable.build_training(config, mesh, model_config, graphdef, params)
     pool = None
-    if t_cfg.verifier_workers > 0:
+    if config.rewards.workers > 0:
         from grpo_jax.rewards import VerifierPool
 
-        pool = VerifierPool(t_cfg.verifier_workers)
+        pool = VerifierPool(config.rewards.workers)
     context = RunContext(
         config=config,
         run_dir=run_paths.as_path(t_cfg.run_dir),

@@ -74,11 +74,11 @@ def initial_state(ctx: RunContext, fresh: RunState, ckpt: CheckpointManager, res
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting from scratch", ckpt_dir_of(ctx.run_dir))
     if latest is not None:
-        # train.max_staleness snapshots (full params) are restored in the sampler's layout.
+        # off_policy.max_staleness snapshots (full params) are restored in the sampler's layout.
         abstract = ctx.policy.abstract_checkpoint(
             fresh, ref_dtype=ctx.ref_dtype, uses_reference=ctx.uses_reference,
             snapshot_shardings=None if ctx.rollout is None else ctx.rollout.param_shardings,
-            staleness=0 if ctx.rollout is None else ctx.config.train.max_staleness)
+            staleness=0 if ctx.rollout is None else ctx.config.off_policy.max_staleness)
         step, tree, meta = ckpt.restore(abstract, required_meta=REQUIRED_META)
         log.info("resumed from step %d (data position %d)", step, int(meta["data_position"]))
         return RunState(

@@ -1,14 +1,14 @@
 """One warning, once, when a setting is silently eating the training signal.
 
 Each of these leaves a run that looks healthy in its logs while it learns little or nothing:
-- `grpo.truncated_reward="at_most_zero"` zeroing rewards the functions gave (the completions hit
+- `rewards.truncated_reward="at_most_zero"` zeroing rewards the functions gave (the completions hit
   `sampling.max_new_tokens` before their end; `rewards/<fn>/mean` > 0 but `reward` near 0);
 - every completion of a step masked (`grpo.mask_truncated_completions` with all of them truncated):
   the step trains on no token (its row says `masked_step: 1`; the run's count is logged at the end);
 - `optim.warmup_steps` at least the run's updates: the learning rate never reaches its setting;
-- a learning rate below half a unit in the last place of a typical weight in `model.param_dtype`:
+- a learning rate below half a unit in the last place of a typical weight in the float32 masters:
   Adam moves each weight by about the learning rate per update, so the update rounds away (float32:
-  below ~1.2e-9, a typo's size, e.g. 1e-10 for 1e-6; config.py already refuses bfloat16 weights).
+  below ~1.2e-9, a typo's size, e.g. 1e-10 for 1e-6; master weights are never bfloat16).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def startup_warnings(config: config_lib.Config, updates_per_step: int) -> list[s
             f"train.steps={t.steps} x {updates_per_step} per step): the learning rate rises linearly and ends at "
             f"{reached:.3g}, never reaching optim.learning_rate={o.learning_rate:g}. Lower optim.warmup_steps "
             f"(e.g. to {max(1, total_updates // 10)}) or raise train.steps")
-    half_ulp = 0.5 * TYPICAL_WEIGHT * _EPS[config.model.param_dtype]
+    half_ulp = 0.5 * TYPICAL_WEIGHT * _EPS["float32"]
     if 0 < o.learning_rate < half_ulp:
         out.append(
             f"optim.learning_rate={o.learning_rate:g} is below half a unit in the last place of a typical weight "
-            f"(|w| ~ {TYPICAL_WEIGHT}) in model.param_dtype={config.model.param_dtype!r} ({half_ulp:.2g}): Adam moves "
+            f"(|w| ~ {TYPICAL_WEIGHT}) in the float32 master weights ({half_ulp:.2g}): Adam moves "
             "a weight by about the learning rate per update, so most updates round away. Raise "
             "optim.learning_rate (GRPO on LLMs uses 1e-6 to 1e-5; LoRA about 10x more)")
     return out
@@ -72,11 +72,11 @@ class SignalWatch:
         zeroed = row.get("completions/truncated_reward_zeroed", 0.0)
         if zeroed >= ZEROED_SHARE_WARN:
             self._once("truncated_reward", (
-                f"step {step}: grpo.truncated_reward='at_most_zero' set {zeroed:.0%} of the completions' rewards to 0 "
+                f"step {step}: rewards.truncated_reward='at_most_zero' set {zeroed:.0%} of the completions' rewards to 0 "
                 f"where the reward functions gave more (completions/clipped_ratio={row.get('completions/clipped_ratio', 0):.2f}, "
                 f"reward={row.get('reward', float('nan')):.3g}): they ran into sampling.max_new_tokens="
                 f"{self.config.sampling.max_new_tokens} before their end. Raise sampling.max_new_tokens, or set "
-                "grpo.truncated_reward='as_scored' to keep the functions' values"))
+                "rewards.truncated_reward='as_scored' to keep the functions' values"))
         if row.get("masked_step"):
             self.masked_steps += 1
             self._once("masked_step", (

@@ -164,7 +164,8 @@ def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
 
 
 def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, group_size: int = 1,
-                   model_params_fn=None, compiler_options: dict | None = None):
+                   model_params_fn=None, compiler_options: dict | None = None,
+                   off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """Returns the jitted `update(params, opt_state, batch, frozen=None) -> (params, opt_state, metrics)`.
 
     With `model_params_fn` ((params, frozen) -> the model's params; `Policy.model_params_fn`),
@@ -186,8 +187,8 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
     (`grpo.teacher_model_name_or_path`, the batch's teacher fields), `loss` adds `grpo.teacher_tau`
     times `distillation.distillation_loss` and the metrics its `distillation/reverse_kl`.
     """
-    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn),
-                                 has_aux=True)
+    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn,
+                                                        off_policy), has_aux=True)
 
     def update(params, opt_state, batch: UpdateBatch, frozen=None):
         num_micro, _, num_targets = batch.completion_mask.shape
@@ -241,7 +242,8 @@ class ChunkedUpdate:
 
 def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature: float, *, mesh, params,
                         opt_state, group_size: int = 1, model_params_fn=None, frozen=None,
-                        compiler_options: dict | None = None) -> ChunkedUpdate:
+                        compiler_options: dict | None = None,
+                        off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
     layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With
     `model_params_fn` (as `make_update_fn`'s), `accumulate` takes the frozen tree (`frozen`, for
@@ -249,8 +251,8 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
     if grpo.use_adaptive_entropy:
         raise ValueError("make_chunked_update: grpo.use_adaptive_entropy needs the controller's coefficient in "
                          "each micro-batch's loss, which only make_update_fn reads from opt_state; run it unbucketed")
-    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn),
-                                 has_aux=True)
+    grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn,
+                                                        off_policy), has_aux=True)
 
     def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
         (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen)

@@ -22,11 +22,13 @@ if TYPE_CHECKING:
     from grpo_jax.training.update_batch import UpdateBatch
 
 
-def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, model_params_fn=None):
+def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, group_size: int, model_params_fn=None,
+                 off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """`loss_fn(params, mb, normalizer, frozen) -> (loss, (metrics, num_tokens))` of one micro-batch
     [M, ...]: its share of the whole batch's loss (`normalizer` is the whole batch's), and its
     metrics. `params` are what trains: the model's params, or (with `model_params_fn`, the
-    policy's merge: `grpo_jax.training.policy`) adapters merged into `frozen` inside the loss."""
+    policy's merge: `grpo_jax.training.policy`) adapters merged into `frozen` inside the loss.
+    `off_policy`: the sampler correction's settings."""
 
     loss_type, aggregation, ratio = grpo.resolved_loss()
 
@@ -49,7 +51,7 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
         # pi_old: given, or (one update per batch: these very params) the loss's own log-probs.
         old_logp = jax.lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
         mask = mb.completion_mask.astype(jnp.float32)
-        is_weights, is_metrics, entropy_mask = _token_weights(grpo, old_logp, mb.sampler_logp, entropy, mask)
+        is_weights, is_metrics, entropy_mask = _token_weights(grpo, off_policy, old_logp, mb.sampler_logp, entropy, mask)
         # `max_len` only sets grpo_loss's default normaliser; the one passed in is the batch's.
         surrogate = objectives.surrogate_for(loss_type, eps_low=grpo.eps_low, eps_high=grpo.eps_high, ratio=ratio,
                                              key=_batch_key(mb) if loss_type == "clip_cov" else None,
@@ -80,16 +82,16 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
     return loss_fn
 
 
-def _token_weights(grpo: config_lib.GRPOSection, old_logp_MxC, sampler_logp_MxC, entropy_MxC, mask_MxC):
+def _token_weights(grpo: config_lib.GRPOSection, off_policy: config_lib.OffPolicySection, old_logp_MxC, sampler_logp_MxC, entropy_MxC, mask_MxC):
     """(is_weights or None, the sampler correction's metrics, the high-entropy mask or None): the
     per-token weights of the clipped term. The sampler correction's (vLLM importance sampling);
     top_entropy_quantile: the clipped term only on the micro-batch's high-entropy tokens (a
     constant 0/1 weight beside the correction's; the KL and the normaliser keep every token)."""
     is_weights, is_metrics = None, {}
-    if grpo.vllm_importance_sampling_correction:
+    if off_policy.vllm_importance_sampling_correction:
         is_weights, is_metrics = losses.sampler_correction(
-            old_logp_MxC, sampler_logp_MxC, mask_MxC, grpo.vllm_importance_sampling_mode,
-            clip_max=grpo.vllm_importance_sampling_clip_max, clip_min=grpo.vllm_importance_sampling_clip_min)
+            old_logp_MxC, sampler_logp_MxC, mask_MxC, off_policy.vllm_importance_sampling_mode,
+            clip_max=off_policy.vllm_importance_sampling_clip_max, clip_min=off_policy.vllm_importance_sampling_clip_min)
     entropy_mask = None
     if grpo.top_entropy_quantile < 1.0:
         entropy_mask = entropy_control.high_entropy_mask(entropy_MxC, mask_MxC, grpo.top_entropy_quantile)

@@ -11,7 +11,7 @@ The host never stalls the devices: JAX dispatches asynchronously, and the loop s
 rollout before it reads step N-1's update metrics (nanodo's order, `step_record.StepLog`), so the
 devices go straight from one step's update to the next step's sampling while the host writes the
 previous step's row. The batches come from a `batch_source.BatchSource`: sampled from the latest
-params, or with `train.max_staleness` > 0 from a rollout thread sampling from older params
+params, or with `off_policy.max_staleness` > 0 from a rollout thread sampling from older params
 (`grpo_jax.training.async_rollouts`); the same loop trains on both.
 """
 
@@ -328,7 +328,7 @@ class _Loop:
             self.diagnostics.load_state_dict(state.diagnostics)
         if state.step == 0 and ctx.eval_examples:
             self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
-        # train.max_staleness > 0: batches come from the rollout thread, sampled from older params.
+        # off_policy.max_staleness > 0: batches come from the rollout thread, sampled from older params.
         source = batch_source.open_source(ctx, state, should_stop=lambda: stop.signal is not None)
         try:
             return self._steps(state, stop, source)

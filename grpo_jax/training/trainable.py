@@ -24,7 +24,8 @@ from grpo_jax.training.batch_plan import BatchPlan
 
 
 def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,
-                   frozen=None, model_params_fn=None, model_config=None):
+                   frozen=None, model_params_fn=None, model_config=None,
+                   off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()):
     """(update_fn, logprob_fn, bucketing): the jitted update and log-prob pass for the mesh, each
     prompt run once per group where `step.prompt_groups` allows it, and the length-bucketed
     passes (`length_buckets.Bucketing`, None when grpo.bucket_by_length="off"). `params` are what
@@ -37,7 +38,7 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     update_group, logprob_group = step_lib.prompt_groups(g_cfg, plan.rows_per_micro_batch, row_devices)
     update_fn = sharding.shard_update_fn(
         step_lib.make_update_fn(graphdef, tx, g_cfg, temperature, group_size=update_group,
-                                model_params_fn=model_params_fn),
+                                model_params_fn=model_params_fn, off_policy=off_policy),
         mesh, params, opt_state, frozen=frozen, compiler_options=options,
     )
     model_params = params if frozen is None else frozen
@@ -50,7 +51,7 @@ def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, 
     bucketing = length_buckets.make_bucketing(
         bucket_mode, graphdef, tx, g_cfg, temperature, mesh=mesh, params=params, opt_state=opt_state,
         update_group=update_group, logprob_group=logprob_group, model_params_fn=model_params_fn, frozen=frozen,
-        compiler_options=options,
+        compiler_options=options, off_policy=off_policy,
     )
     return update_fn, logprob_fn, bucketing
 
@@ -89,6 +90,7 @@ def build_training(config: config_lib.Config, mesh, model_config, graphdef, para
         opt_state = sharding.init_opt_state_sharded(mesh, tx, params)
     update_fn, logprob_fn, bucketing = step_functions(
         g_cfg, config.sampling.temperature, graphdef, tx, mesh=mesh, params=params, opt_state=opt_state,
-        frozen=base, model_params_fn=policy.model_params_fn, model_config=model_config)
+        frozen=base, model_params_fn=policy.model_params_fn, model_config=model_config,
+        off_policy=config.off_policy)
     return Training(policy=policy, params=params, base=base, tx=tx, schedule=schedule, opt_state=opt_state,
                     update_fn=update_fn, logprob_fn=logprob_fn, bucketing=bucketing)
