@@ -30,7 +30,6 @@ from grpo_jax.cli import bench
 from grpo_jax.model import lora
 from grpo_jax.training import train
 from grpo_jax import model as model_lib
-from grpo_jax.training.run_context import model_config_from_section
 from grpo_jax.io.tokenizer import load_tokenizer
 
 
@@ -46,7 +45,7 @@ def _time(fn, *args, repeats: int = 20) -> float:
 
 
 def sampler_ways(rank: int, rows: int, steps: int) -> dict:
-    config = model_config_from_section(bench.W1_MODEL, bench.W1_MODEL.vocab_size)
+    config = bench.W1_MODEL.model_config(bench.W1_MODEL.vocab_size)
     _, base = nnx.split(model_lib.init_model(config, 0))
     targets = lora.resolve_targets(["all-linear"])
     adapters = lora.init_adapters(base, targets, rank, jax.random.PRNGKey(1))

@@ -61,7 +61,7 @@ def resolve_shape(config, preset: str | None):
         vocab = m.vocab_size or tokenizer.vocab_size
         run_context.check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
         eos = tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,))
-        return run_context.model_config_from_section(m, vocab), "the config's model.* fields", eos, tokenizer.pad_id
+        return m.model_config(vocab), "the config's model.* fields", eos, tokenizer.pad_id
     try:
         model_config = hf.config_from_hf(hf_config, dtype=m.dtype, param_dtype="float32", remat=m.remat,
                                          attention_impl=m.attention_impl)

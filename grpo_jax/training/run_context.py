@@ -150,7 +150,7 @@ def build_model(config: config_lib.Config, tokenizer, mesh) -> tuple[model_lib.M
         return model.config, graphdef, sharding.put_sharded(params, sharding.param_shardings(mesh, params))
     vocab = m.vocab_size or tokenizer.vocab_size
     check_vocab(vocab, tokenizer, f"model.vocab_size={vocab}", m)
-    model_config = model_config_from_section(m, vocab)
+    model_config = m.model_config(vocab)
     log_attention(model_config)
     graphdef, params = sharding.init_params_sharded(mesh, model_config, m.init_seed)
     return model_config, graphdef, params
@@ -182,29 +182,6 @@ def log_attention(model_config: model_lib.ModelConfig) -> None:
         f"; sliding window {c.sliding_window} in {c.layer_types.count('sliding_attention')} of {c.num_layers} layers")
     log.info("%s; remat=%s%s", attention.describe(c.attention_impl, dtype=DTYPES[c.dtype],
                                                    head_dim=c.head_dim), c.remat_policy, windows)
-
-
-def model_config_from_section(m: config_lib.ModelSection, vocab: int) -> model_lib.ModelConfig:
-    """The ModelConfig of a fresh model from the `model.*` shape fields (no `hf_path`), with
-    `vocab` rows of embedding (`model.vocab_size`, else the tokenizer's); `check` uses it too."""
-    return model_lib.ModelConfig(
-        vocab_size=vocab,
-        hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        rope_theta=m.rope_theta,
-        rms_norm_eps=m.rms_norm_eps,
-        tie_embeddings=m.tie_embeddings,
-        qkv_bias=m.qkv_bias,
-        qk_norm=m.qk_norm,
-        param_dtype="float32",
-        dtype=m.dtype,
-        remat=m.remat,
-        attention_impl=m.attention_impl,
-    )
 
 
 def check_vocab(model_vocab: int, tokenizer, where: str, m: config_lib.ModelSection) -> None:
