@@ -17,9 +17,9 @@ from grpo_jax.training.run_context import RunState
 from test_train import tiny_config
 
 
-def _config(tmp_path, **model):
+def _config(tmp_path, **lora):
     cfg = tiny_config(tmp_path)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
+    return dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, **lora))
 
 
 def _model(cfg):
@@ -45,7 +45,7 @@ def test_full_fine_tuning_trains_the_params_and_copies_the_reference(tmp_path):
 
 
 def test_adapters_train_over_the_base_which_is_the_reference(tmp_path):
-    cfg = _config(tmp_path, lora_r=4)
+    cfg = _config(tmp_path, r=4)
     mesh, _, _, params = _model(cfg)
     policy, adapters, base = policy_lib.build(cfg, mesh, params)
     assert policy.trains_adapters and base is params  # float32 base (lora.base_dtype default)
@@ -60,11 +60,11 @@ def test_adapters_train_over_the_base_which_is_the_reference(tmp_path):
     assert not policy.for_snapshots().trains_adapters
 
 
-@pytest.mark.parametrize("model", [{}, {"lora_r": 4, "lora_base_dtype": "bfloat16"}], ids=["full", "adapters"])
-def test_the_abstract_build_is_the_real_one(tmp_path, model):
+@pytest.mark.parametrize("lora", [{}, {"r": 4, "base_dtype": "bfloat16"}], ids=["full", "adapters"])
+def test_the_abstract_build_is_the_real_one(tmp_path, lora):
     # `check` builds the run with build_training(abstract=True): every array it counts must have the
     # shape, dtype and sharding of what train allocates (sft.steps = 0, so the base is cast at once).
-    cfg = _config(tmp_path, **model)
+    cfg = _config(tmp_path, **lora)
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=0))
     mesh, model_config, graphdef, params = _model(cfg)
     real = trainable.build_training(cfg, mesh, model_config, graphdef, params)
