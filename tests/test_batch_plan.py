@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_jax.config import GRPOSection
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 
 
 def test_the_rows_of_a_dapo_style_step():

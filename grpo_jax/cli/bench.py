@@ -26,7 +26,7 @@ import numpy as np
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
                              TrainSection)
 from grpo_jax.training import step as step_lib
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 from grpo_jax.model import ModelConfig
 from grpo_jax.rewards import extract_boxed, normalize_answer
 from grpo_jax.rewards.math_verify import fast_number

@@ -219,7 +219,7 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
     from grpo_jax.cli import check_programs
     from grpo_jax.distributed import sharding
     from grpo_jax.sampling import sampler as sampler_lib
-    from grpo_jax.training.batch_plan import BatchPlan
+    from grpo_jax.config.batch_plan import BatchPlan
 
     g, c = config.grpo, config.sampling.max_new_tokens
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
@@ -306,7 +306,7 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
 
     from grpo_jax.distributed import sharding
     from grpo_jax.training import policy as policy_lib
-    from grpo_jax.training.batch_plan import BatchPlan
+    from grpo_jax.config.batch_plan import BatchPlan
 
     g, c = config.grpo, config.sampling.max_new_tokens
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))

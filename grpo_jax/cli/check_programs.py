@@ -16,7 +16,7 @@ from grpo_jax.distributed import sharding
 from grpo_jax.sampling import sampler as sampler_lib
 from grpo_jax.training import run_context
 from grpo_jax.training import step as step_lib
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from grpo_jax.config.batch_plan import BatchPlan
 from grpo_jax.config.checks import ConfigError, check_fields, nonnegative, positive
 
 
@@ -130,8 +131,8 @@ class GRPOSection:
         if not self.eps_low < 1:  # the clip range is [1 - eps_low, 1 + eps_high]: its floor must stay above 0
             raise ConfigError(f"grpo.eps_low={self.eps_low} must be in [0, 1) (the ratio is clipped to 1 - eps_low "
                               "from below; PPO and GRPO use 0.1-0.3)")
-        batch = self.prompts_per_step * self.num_generations
-        per_update = self.num_minibatches * self.grad_accum_steps
+        plan = BatchPlan.of(self)
+        batch, per_update = plan.rows, plan.micro_batches_per_step
         if batch % per_update:
             raise ConfigError(
                 f"grpo.num_minibatches * grpo.grad_accum_steps = {per_update} must divide the batch of "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from grpo_jax.config.batch_plan import BatchPlan
 from grpo_jax.config.checks import ConfigError
 from grpo_jax.config.data import RewardsSection, SamplingSection, TaskSection
 from grpo_jax.config.grpo import GRPOSection
@@ -81,7 +82,7 @@ def validate_for_devices(config: Config, num_devices: int, num_processes: int = 
     if not batch:
         return shape
     multiple = shape[0] * shape[1]  # rows split over data x fsdp
-    rows_per_micro = rows // (g.num_minibatches * g.grad_accum_steps)
+    rows_per_micro = BatchPlan.of(g, multiple).rows_per_micro_batch
     if rows_per_micro % multiple:
         raise ConfigError(
             f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "

@@ -53,7 +53,7 @@ import numpy as np
 from grpo_jax.core import losses
 from grpo_jax.distributed import sharding
 from grpo_jax.training import step as step_lib
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 
 LADDER_FRACTIONS = (1, 3 / 4, 1 / 2, 3 / 8, 1 / 4, 3 / 16, 1 / 8, 3 / 32, 1 / 16, 3 / 64, 1 / 32)
 CHUNK_ROWS = 8

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from grpo_jax import config as config_lib
 from grpo_jax.training import policy as policy_lib
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 from grpo_jax import model as model_lib
 from grpo_jax.training import trainable
 from grpo_jax.training import rollout as rollout_lib

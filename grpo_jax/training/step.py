@@ -35,7 +35,7 @@ from grpo_jax.core import losses
 from grpo_jax import model as model_lib
 from grpo_jax.distributed import sharding
 from grpo_jax.training import step_loss
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 from grpo_jax.training.update_batch import UpdateBatch  # noqa: F401 - its home before it moved
 
 log = logging.getLogger("grpo_jax")

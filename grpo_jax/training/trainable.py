@@ -20,7 +20,7 @@ from grpo_jax.training import length_buckets
 from grpo_jax.training import optim
 from grpo_jax.training import policy as policy_lib
 from grpo_jax.training import step as step_lib
-from grpo_jax.training.batch_plan import BatchPlan
+from grpo_jax.config.batch_plan import BatchPlan
 
 
 def step_functions(g_cfg: config_lib.GRPOSection, temperature: float, graphdef, tx, *, mesh, params, opt_state,

@@ -1,6 +1,7 @@
 """How one GRPO step's rows are cut: rows per step, per device, per minibatch and per micro-batch,
 and optimizer updates per step. Computed here once, from the config and the mesh's row devices,
-and read by the trainer (`run_context`), `check` and the benchmarks, so they cannot disagree.
+and read by config validation, the trainer (`run_context`), `check` and the benchmarks, so they
+cannot disagree.
 
     rows                 = prompts_per_step * num_generations          (B, completions per step)
     rows_per_minibatch   = rows / num_minibatches                      (one optimizer update)
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpo_jax import config as config_lib
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchPlan:
@@ -27,8 +26,9 @@ class BatchPlan:
     row_devices: int = 1  # devices the rows split over: mesh.data * mesh.fsdp
 
     @classmethod
-    def of(cls, grpo: config_lib.GRPOSection, row_devices: int = 1) -> BatchPlan:
-        """The plan of `grpo.*` on `row_devices` (`sharding.batch_size_multiple(mesh)`)."""
+    def of(cls, grpo, row_devices: int = 1) -> BatchPlan:
+        """The plan of a `GRPOSection` (`grpo.*`; its own validation calls this, so no import of it
+        here) on `row_devices` (`sharding.batch_size_multiple(mesh)`)."""
         return cls(prompts_per_step=grpo.prompts_per_step, num_generations=grpo.num_generations,
                    num_minibatches=grpo.num_minibatches, micro_batches=grpo.grad_accum_steps,
                    num_iterations=grpo.num_iterations, row_devices=row_devices)
