@@ -270,11 +270,10 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict):
     """Phase 5: (ref_logp or None, old_logp, when the passes were ready: None if none ran), [B, C]
     global arrays; dispatched, not waited for. With a distillation teacher (`ctx.teacher`), its pass's arrays are added to `rows`.
 
-    pi_old (`GRPOSection.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
+    pi_old (`Config.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
     over the batch ("recompute"), or None ("in_loss": the loss reads its own). Length-bucketed
     (`ctx.bucketing`), the passes run over length-sorted chunks of rows and their results are put
     back in row order, 0 in the columns the loss does not read."""
-    g = ctx.config.grpo
     num_targets = rows["completion_mask"].shape[1]
     chunks = None
     if ctx.bucketing is not None:
