@@ -345,12 +345,10 @@ def test_normalizer_counts_rows_tokens_or_budget():
         aggregate(jnp.zeros((1, 2)), jnp.ones((1, 2)), "mean", normalizer=1.0)
 
 
-@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
-def test_accumulated_gradient_equals_full_batch_gradient(aggregation):
-    # Micro-batches of very different token counts (answers of 1..7 of 8 tokens, sorted so the
-    # first micro-batch holds the short ones): summing each micro-batch's loss over the whole
-    # batch's normaliser gives the full-batch loss and gradient, up to float32 summation order
-    # (a few dozen terms: relative error ~1e2 * 6e-8 ~ 1e-5).
+def ragged_batch():
+    """(logp, old, ref, adv, mask) of 12 answers of 1..7 of 8 tokens, sorted short-first, so a mean
+    of micro-batch means is off; logp 0.3 and ref 0.2 (random) away from pi_old, so clips, gates,
+    trust regions and the KL term are all exercised."""
     ks = jax.random.split(jax.random.key(11), 4)
     old = jax.random.uniform(ks[0], (12, 8), minval=-3.0, maxval=-0.05)
     logp = old + 0.3 * jax.random.normal(ks[1], (12, 8))
@@ -358,6 +356,16 @@ def test_accumulated_gradient_equals_full_batch_gradient(aggregation):
     adv = jax.random.normal(ks[3], (12,))
     lengths = np.sort(np.random.default_rng(1).integers(1, 8, 12))
     mask = jnp.asarray((np.arange(8)[None, :] < lengths[:, None]).astype(np.float32))
+    return logp, old, ref, adv, mask
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+def test_accumulated_gradient_equals_full_batch_gradient(aggregation):
+    # Micro-batches of very different token counts (answers of 1..7 of 8 tokens, sorted so the
+    # first micro-batch holds the short ones): summing each micro-batch's loss over the whole
+    # batch's normaliser gives the full-batch loss and gradient, up to float32 summation order
+    # (a few dozen terms: relative error ~1e2 * 6e-8 ~ 1e-5).
+    logp, old, ref, adv, mask = ragged_batch()
     kw = dict(beta=0.04, aggregation=aggregation, max_len=8, eps_high=0.28)
 
     def full(lp):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_losses import ragged_batch
 
 from grpo_jax.core import losses
 from grpo_jax.core.objectives import (
@@ -257,13 +258,7 @@ def test_two_micro_batches_equal_one_batch(loss_type):
     # pi_old 0.3 away and a KL term, so clips, gates and trust regions are all exercised.
     # Clip-Cov and KL-Cov draw their tokens from each call's rows (as verl's micro-batches do),
     # so they are exact only given the same draw: not tested here.
-    ks = jax.random.split(jax.random.key(11), 4)
-    old = jax.random.uniform(ks[0], (12, 8), minval=-3.0, maxval=-0.05)
-    logp = old + 0.3 * jax.random.normal(ks[1], (12, 8))
-    ref = old + 0.2 * jax.random.normal(ks[2], (12, 8))
-    adv = jax.random.normal(ks[3], (12,))
-    lengths = np.sort(np.random.default_rng(1).integers(1, 8, 12))
-    mask = jnp.asarray((np.arange(8)[None, :] < lengths[:, None]).astype(np.float32))
+    logp, old, ref, adv, mask = ragged_batch()
     aggregation, _ = resolve_loss_type(loss_type)
     kw = dict(loss_type=loss_type, beta=0.04, max_len=8, eps_high=0.28)
 

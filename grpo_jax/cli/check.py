@@ -40,6 +40,7 @@ import re
 import subprocess
 import sys
 
+from grpo_jax.config.batch_plan import BatchPlan  # pure arithmetic: no jax before the device flags
 from grpo_jax.cli.check_report import count, format_report, gib, weight_specs  # noqa: F401 (re-exported)
 from grpo_jax.cli.check_shapes import MODEL_SHAPES, resolve_shape  # noqa: F401 (re-exported)
 
@@ -219,7 +220,6 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
     from grpo_jax.cli import check_programs
     from grpo_jax.distributed import sharding
     from grpo_jax.sampling import sampler as sampler_lib
-    from grpo_jax.config.batch_plan import BatchPlan
 
     g, c = config.grpo, config.sampling.max_new_tokens
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
@@ -306,7 +306,6 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
 
     from grpo_jax.distributed import sharding
     from grpo_jax.training import policy as policy_lib
-    from grpo_jax.config.batch_plan import BatchPlan
 
     g, c = config.grpo, config.sampling.max_new_tokens
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
