@@ -89,12 +89,14 @@ def _train(args) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    _share_memory_with_vllm(config)
     refused = _platform_refusal(config, args.allow_cpu)
     if refused:
         return 2
     from grpo_jax.cli import report
     from grpo_jax.io.checkpoint import CheckpointWriteError
     from grpo_jax.io.run_dir import RunDirError
+    from grpo_jax.sampling.vllm_engine import EngineError
 
     try:
         result = report.run_and_report(config, resume=args.resume, overwrite=args.overwrite,
@@ -105,12 +107,26 @@ def _train(args) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except EngineError as e:  # the last finished step was saved (train.run's save on error)
+        print(f"inference engine error: {e}", file=sys.stderr)
+        return 1
     except (CheckpointWriteError, OSError) as e:
         return _storage_failure(e)
     if result.stopped_by:
         print(f"stopped at step {result.step} ({result.stopped_by}); continue with --resume", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def _share_memory_with_vllm(config) -> None:
+    """A colocated vLLM engine takes sampling.vllm_gpu_memory_utilization of the accelerator; JAX
+    would otherwise preallocate 75% of it before vLLM starts. Unless the user set
+    XLA_PYTHON_CLIENT_MEM_FRACTION, JAX gets what is left less a 5% margin for both runtimes' own
+    overheads. Set before JAX starts its backend (the platform check below does)."""
+    s = config.sampling
+    if s.engine != "vllm" or s.vllm_mode != "colocate" or "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:
+        return
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{max(0.05, 0.95 - s.vllm_gpu_memory_utilization):.2f}"
 
 
 def _platform_refusal(config, allow_cpu: bool) -> bool:

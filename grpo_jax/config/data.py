@@ -69,11 +69,26 @@ class SamplingSection:
     # "static": all rows decode until the longest stops. "continuous" (grpo_jax.sampling.continuous): a
     # stopped row's decode slot takes the next waiting row. "auto": continuous when completions can run
     # long (max_new_tokens > 128, EOS not ignored), where length tails make a static batch mostly padding.
-    engine: Literal["auto", "static", "continuous"] = "auto"
+    # "vllm": an existing vLLM engine (grpo_jax.sampling.vllm_engine; the vllm_* fields below).
+    engine: Literal["auto", "static", "continuous", "vllm"] = "auto"
     # Continuous engine: decode slots over all devices, per sampler thread (0: auto, see
     # grpo_jax.sampling.sampler.slots_per_device), and how often (in tokens) stopped rows' slots are refilled.
     decode_slots: int = 0
     refill_every: int = 8
+    # engine="vllm", with TRL's names. "colocate": an in-process vllm.LLM on the trainer's machine;
+    # "server": a separate engine process (`python -m grpo_jax vllm-serve`) reached over HTTP.
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    # Colocate: the share of accelerator memory (of host memory on a CPU) vLLM takes for its weights
+    # and KV cache; `check` counts it out of what the update may use.
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_tensor_parallel_size: int = 1
+    vllm_enable_sleep_mode: bool = False  # colocate: free the engine's memory during the update
+    vllm_max_model_length: int = 0  # 0: the largest prompt bucket plus max_new_tokens
+    # The engine's weight dtype: "auto" takes model.dtype (the dtype the trainer computes in).
+    vllm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    vllm_server_host: str = "127.0.0.1"
+    vllm_server_port: int = 8000
+    vllm_server_timeout: float = 240.0  # seconds to wait for the server at start-up
 
     def resolved_engine(self) -> str:
         """The engine `engine` names, "auto" resolved."""
@@ -84,7 +99,12 @@ class SamplingSection:
     def validate(self) -> None:
         check_fields(self)
         positive(self, "max_new_tokens", "refill_every")
-        nonnegative(self, "top_k", "threads", "decode_slots")
+        nonnegative(self, "top_k", "threads", "decode_slots", "vllm_max_model_length")
+        positive(self, "vllm_tensor_parallel_size", "vllm_server_timeout")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"sampling.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
+        if not 0 < self.vllm_server_port < 65536:
+            raise ConfigError(f"sampling.vllm_server_port={self.vllm_server_port} must be a TCP port (1-65535)")
         if self.temperature <= 0:
             raise ConfigError(f"sampling.temperature={self.temperature} must be > 0 (use eval.greedy for argmax)")
         if not 0 < self.top_p <= 1:

@@ -50,6 +50,11 @@ def validate(config: Config) -> None:
             raise ConfigError(f"Config.{name} must be a {SECTIONS[name]().__class__.__name__}, got "
                               f"{type(section).__name__}")
         section.validate()
+    if config.sampling.engine == "vllm" and config.off_policy.rollout_devices:
+        raise ConfigError(
+            f"off_policy.rollout_devices={config.off_policy.rollout_devices} with sampling.engine=vllm: vLLM places "
+            "its own engine; give it devices of its own with sampling.vllm_mode=server, or set "
+            "off_policy.rollout_devices=0")
     if config.lora.r and config.grpo.ref_resync_every:
         raise ConfigError(
             f"grpo.ref_resync_every={config.grpo.ref_resync_every} with lora.r={config.lora.r}: the reference is "

@@ -110,6 +110,20 @@ def weight_map(config: ModelConfig) -> list[_Entry]:
     return entries
 
 
+def hf_tensors(params, config: ModelConfig, dtype=None):
+    """(HF name, host array in HF layout) for every weight of `params` (an `nnx.State` of the
+    model's params, or its pure dict), in `weight_map` order; `dtype` (a numpy or ml_dtypes dtype):
+    each weight cast to it on its device before the copy to the host (None: as stored)."""
+    pure = params if isinstance(params, dict) else nnx.to_pure_dict(params)
+    for e in weight_map(config):
+        value = _get(pure, e.path)
+        if dtype is not None and value.dtype != dtype:
+            value = value.astype(dtype)
+        array = np.ascontiguousarray(e.to_hf(np.asarray(value)))
+        assert array.shape == e.hf_shape, (e.hf_name, array.shape, e.hf_shape)
+        yield e.hf_name, array
+
+
 def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
     """Tensor name -> the safetensors file holding it (sharded index, single file, or all files)."""
     index = path / "model.safetensors.index.json"
@@ -264,12 +278,7 @@ def save_model(model: Transformer, path: str | pathlib.Path, *,
             raise ValueError(f"save_model path {path} is its source_dir; export into another directory")
     token_ids, stop_ids = _token_ids_of(tokenizer) if tokenizer is not None else ({}, [])
     config = model.config
-    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    tensors = {}
-    for e in weight_map(config):
-        array = np.ascontiguousarray(e.to_hf(np.asarray(_get(pure, e.path))))
-        assert array.shape == e.hf_shape, (e.hf_name, array.shape, e.hf_shape)
-        tensors[e.hf_name] = array
+    tensors = dict(hf_tensors(nnx.state(model, nnx.Param), config))
     path.mkdir(parents=True, exist_ok=True)
     weights = path / "model.safetensors"
     save_file(tensors, str(weights), metadata={"format": "pt"})

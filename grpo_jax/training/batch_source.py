@@ -43,7 +43,7 @@ class SyncBatches:
         self._round = None  # (params, first sampler round) of the step begun
 
     def begin(self, state: RunState) -> None:
-        params = self.ctx.policy_params(state)
+        params = self.ctx.sampler_params(state)
         self._round = params, phases.dispatch_round(self.ctx, params, state.step + 1, state.data_position, 0)
 
     def next_batch(self, state: RunState, device_free_at: float, should_stop=None) -> phases.StepBatch:
@@ -56,7 +56,10 @@ class SyncBatches:
         return state  # the next step samples from `state` itself
 
     def row_metrics(self, step: int, update_ready_at: float) -> dict[str, float]:
-        return {}
+        # An engine that keeps its own weights (vLLM) timed their sync before the step's sampling.
+        pop = getattr(self.ctx.sampler, "pop_weight_sync_seconds", None)
+        seconds = pop() if pop is not None else None
+        return {} if seconds is None else {"time/weight_sync": seconds}
 
     def close(self) -> None:
         self._round = None

@@ -110,6 +110,16 @@ class RunContext:
         """The policy's full params (for the sampler, evaluation, pi_old passes and export)."""
         return self.policy.full_params(state)
 
+    def sampler_params(self, state: RunState):
+        """What the sampler is called with: the policy's full params, or for a vLLM engine with
+        adapters training (`VllmEngine`) the adapters and base, so only the adapters go over."""
+        if self.policy.trains_adapters and self.config.sampling.engine == "vllm":
+            from grpo_jax.sampling.vllm_engine import AdapterWeights
+
+            return AdapterWeights(adapters=state.params, base=state.base_params, spec=self.policy.adapters,
+                                  alpha=self.policy.alpha)
+        return self.policy_params(state)
+
     def reference_params(self, state: RunState):
         """The reference policy's params (`Policy.reference`)."""
         return self.policy.reference(state)
@@ -203,8 +213,13 @@ def auto_sampler_threads() -> int:
     return 2 if one_cpu_device and (os.cpu_count() or 1) >= 2 else 1
 
 
-def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, mesh) -> Sampler:
-    """The trainer's (and `eval`'s) sampler: every stop id of the tokenizer, rows over the mesh."""
+def build_sampler(config: config_lib.Config, graphdef, model_config, tokenizer, mesh, params=None):
+    """The trainer's (and `eval`'s) sampler: every stop id of the tokenizer, rows over the mesh; with
+    sampling.engine="vllm" a `VllmEngine` (started from `params` when the run has no checkpoint)."""
+    if config.sampling.engine == "vllm":
+        from grpo_jax.sampling import vllm_setup
+
+        return vllm_setup.build_engine(config, graphdef, model_config, params, tokenizer, PROMPT_BUCKETS)
     return Sampler(
         graphdef,
         model_config,
@@ -329,7 +344,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
-    sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh)
+    sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh, params)
     teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
     # What trains: every weight, or adapters over a frozen base (grpo_jax.training.policy).
     tr = trainable.build_training(config, mesh, model_config, graphdef, params)

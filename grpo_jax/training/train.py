@@ -327,7 +327,7 @@ class _Loop:
         if state.diagnostics is not None:  # resumed: the warnings continue from the saved window
             self.diagnostics.load_state_dict(state.diagnostics)
         if state.step == 0 and ctx.eval_examples:
-            self.write({"step": 0, **self.evaluate(ctx.policy_params(state), 0)})
+            self.write({"step": 0, **self.evaluate(ctx.sampler_params(state), 0)})
         # off_policy.max_staleness > 0: batches come from the rollout thread, sampled from older params.
         source = batch_source.open_source(ctx, state, should_stop=lambda: stop.signal is not None)
         try:
@@ -392,7 +392,7 @@ class _Loop:
             # The row is needed now (held-out figures join it, or the run ends here).
             row = late.read()
             if evaluate_now:
-                row.update(self.evaluate(ctx.policy_params(state), step))
+                row.update(self.evaluate(ctx.sampler_params(state), step))
                 late.devices_free()
             self.write(row)
         if save_now:

@@ -1,0 +1,69 @@
+"""A `VllmEngine` from a run's config: the engine's starting checkpoint, its options from the
+`sampling.vllm_*` fields, and the backend `sampling.vllm_mode` names.
+
+The engine starts from `model.hf_path` when the run has one, else from an export of the trainer's
+starting params into a local directory (a fresh model, like the CPU demo's). Either way the first
+sampler call sends the policy's weights, so what the engine started from only fixes the architecture.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+
+from flax import nnx
+
+from grpo_jax import config as config_lib
+from grpo_jax.io import hf
+from grpo_jax.sampling.vllm_backends import Colocated, EngineOptions, ServerClient
+from grpo_jax.sampling.vllm_engine import VllmEngine
+
+log = logging.getLogger(__name__)
+
+# vLLM's LoRA kernels take these maximum ranks; a run's lora.r is rounded up to the next one.
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_dtype(config: config_lib.Config) -> str:
+    s = config.sampling
+    return config.model.dtype if s.vllm_dtype == "auto" else s.vllm_dtype
+
+
+def engine_options(config: config_lib.Config, model_dir: str) -> EngineOptions:
+    s = config.sampling
+    rank = config.lora.r
+    return EngineOptions(
+        model_dir=model_dir,
+        dtype=engine_dtype(config),
+        gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+        tensor_parallel_size=s.vllm_tensor_parallel_size,
+        max_model_len=s.vllm_max_model_length or None,
+        enable_sleep_mode=s.vllm_enable_sleep_mode,
+        max_lora_rank=next((r for r in LORA_RANKS if r >= rank), rank) if rank else 0,
+        seed=config.train.seed,
+    )
+
+
+def starting_checkpoint(config: config_lib.Config, graphdef, params, tokenizer) -> str:
+    """The directory the engine loads first: `model.hf_path`, or an export of `params`."""
+    if config.model.hf_path:
+        return str(config.model.hf_path)
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="grpo_jax_vllm_model_"))
+    hf.save_model(nnx.merge(graphdef, params), directory, tokenizer=tokenizer)
+    log.info("vLLM engine: the starting params exported to %s", directory)
+    return str(directory)
+
+
+def build_engine(config: config_lib.Config, graphdef, model_config, params, tokenizer,
+                 prompt_buckets: tuple[int, ...]) -> VllmEngine:
+    """The run's `VllmEngine` (sampling.engine="vllm"), its backend started or connected."""
+    s = config.sampling
+    if s.vllm_mode == "server":
+        backend = ServerClient(s.vllm_server_host, s.vllm_server_port, connect_timeout=s.vllm_server_timeout)
+    else:
+        backend = Colocated(engine_options(config, starting_checkpoint(config, graphdef, params, tokenizer)))
+    return VllmEngine(backend, model_config,
+                      eos_ids=tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)),
+                      pad_id=tokenizer.pad_id, prompt_buckets=prompt_buckets, dtype=engine_dtype(config),
+                      sleep_between_calls=s.vllm_mode == "colocate" and s.vllm_enable_sleep_mode)

