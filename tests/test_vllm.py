@@ -17,11 +17,12 @@ pytestmark = pytest.mark.vllm
 from grpo_jax.io import hf  # noqa: E402
 from grpo_jax.io.tokenizer import load_tokenizer  # noqa: E402
 from grpo_jax.model import ModelConfig, Transformer  # noqa: E402
+from grpo_jax.model import lora  # noqa: E402
 from grpo_jax.model.logprobs import token_logprobs  # noqa: E402
 from grpo_jax.sampling.engine import SamplingConfig  # noqa: E402
 from grpo_jax.sampling.sampler import Sampler  # noqa: E402
 from grpo_jax.sampling.vllm_backends import Colocated, EngineOptions  # noqa: E402
-from grpo_jax.sampling.vllm_engine import VllmEngine  # noqa: E402
+from grpo_jax.sampling.vllm_engine import AdapterWeights, VllmEngine  # noqa: E402
 
 BUCKETS = (8, 16, 32)
 TOKENIZER = load_tokenizer("char:0123456789+=")
@@ -34,8 +35,8 @@ PROMPTS = [TOKENIZER.encode(text) for text in ("12+34=", "7+5=", "99+1=", "40+40
 def model_and_engine(tmp_path_factory):
     model = Transformer(CONFIG, rngs=nnx.Rngs(3))
     directory = hf.save_model(model, tmp_path_factory.mktemp("ckpt"), tokenizer=TOKENIZER)
-    backend = Colocated(EngineOptions(model_dir=str(directory), dtype="float32", gpu_memory_utilization=0.05,
-                                      max_model_len=64))
+    backend = Colocated(EngineOptions(model_dir=str(directory), dtype="float32", gpu_memory_utilization=0.15,
+                                      max_model_len=64, max_lora_rank=8))
     engine = VllmEngine(backend, CONFIG, eos_ids=TOKENIZER.eos_ids, pad_id=TOKENIZER.pad_id, prompt_buckets=BUCKETS)
     graphdef, params = nnx.split(model, nnx.Param)
     yield graphdef, params, engine
@@ -106,3 +107,35 @@ def test_after_an_update_the_engines_logprobs_are_the_new_params(model_and_engin
     # The same params again: no second sync.
     engine(moved, PROMPTS, num_samples=2, sampling=sampling, rng=jax.random.PRNGKey(3))
     assert engine.weights_version == version + 1
+
+
+def test_lora_adapters_alone_go_over_and_sample_as_the_merged_policy(model_and_engine):
+    # Rank-4 adapters on every linear layer with alpha 8 (scale alpha / r = 2) and a non-zero B, so
+    # the policy differs from the base. The engine must sample from W + 2 A B: its log-probs are the
+    # trainer's over the merged params. Runs last: the engine keeps the adapter from here on.
+    graphdef, params, engine = model_and_engine
+    spec = lora.LoraSpec(rank=4, scale=2.0, targets=lora.PRESETS["all-linear"])
+    adapters = lora.init_adapters(params, spec.targets, 4, jax.random.PRNGKey(5))
+    adapters = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.random.normal(jax.random.PRNGKey(len(str(path))), x.shape) * 0.05
+        if "lora_b" in str(path) else x, adapters)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0)
+    sent = []
+    load_weights = engine.backend.load_weights
+    engine.backend.load_weights = lambda named: (sent.append(len(named)), load_weights(named))[1]
+    try:
+        out = engine(AdapterWeights(adapters, params, spec, alpha=8.0), PROMPTS, num_samples=2, sampling=sampling,
+                     rng=jax.random.PRNGKey(4))
+        merged = lora.merge(params, adapters, spec.scale)
+        np.testing.assert_allclose(out.logprobs_BxC, trainer_logprobs(graphdef, merged, out, 1.0), atol=LOGPROB_ATOL)
+        base = trainer_logprobs(graphdef, params, out, 1.0)
+        assert np.abs(out.logprobs_BxC - base).max() > 100 * LOGPROB_ATOL  # the adapters changed the policy
+        # The next update: new adapters over the same base. Only the adapters go over.
+        stepped = jax.tree.map(lambda x: x * 1.5, adapters)
+        out = engine(AdapterWeights(stepped, params, spec, alpha=8.0), PROMPTS, num_samples=2, sampling=sampling,
+                     rng=jax.random.PRNGKey(4))
+        merged = lora.merge(params, stepped, spec.scale)
+        np.testing.assert_allclose(out.logprobs_BxC, trainer_logprobs(graphdef, merged, out, 1.0), atol=LOGPROB_ATOL)
+    finally:
+        engine.backend.load_weights = load_weights
+    assert len(sent) <= 1  # the base at most once (it may be the engine's already), never again
