@@ -46,11 +46,17 @@ class _TimedTask(bench.AdditionTask):
 
 
 def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int = 8, max_new_tokens: int = 64,
-           measure_peak: bool = True, run_dir: str | None = None) -> dict:
-    """One W1-shaped run; returns the result dict (see the module docstring)."""
+           measure_peak: bool = True, run_dir: str | None = None, config_overrides: tuple[str, ...] = ()) -> dict:
+    """One W1-shaped run; returns the result dict (see the module docstring). `config_overrides`:
+    --set style "section.field=value" changes (benchmarks/bench_vllm.py: sampling.engine=vllm), with
+    the run's per-step rows under "history"."""
     run_dir = run_dir or tempfile.mkdtemp(prefix="grpo_w1_")
     config = bench.w1_config(run_dir, steps=steps, prompts_per_step=prompts_per_step,
                              num_generations=num_generations, max_new_tokens=max_new_tokens)
+    if config_overrides:
+        from grpo_jax import config as config_lib
+
+        config = config_lib.apply_overrides(config, list(config_overrides))
     task = _TimedTask()
     tokenizer = bench.WideVocabTokenizer(load_tokenizer(config.model.tokenizer_spec()))
     t0 = time.perf_counter()
@@ -99,6 +105,8 @@ def run_w1(*, steps: int = 12, prompts_per_step: int = 4, num_generations: int =
         "loadavg_before_after": None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+    if config_overrides:
+        out["history"] = result.history
     if measure_peak:
         peak = bench.matmul_peak_flops()
         out["matmul_peak_flops_per_s"] = peak

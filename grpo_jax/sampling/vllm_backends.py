@@ -80,7 +80,8 @@ class Colocated:
     def generate(self, requests: Sequence[Request], params: dict) -> list[Completion]:
         from vllm import SamplingParams
 
-        per_row = [SamplingParams(n=1, seed=r.seed, logprobs=0, detokenize=False, **params) for r in requests]
+        per_row = [SamplingParams(n=1, seed=r.seed, logprobs=0, detokenize=False,
+                                  **{**params, "max_tokens": r.max_tokens or params["max_tokens"]}) for r in requests]
         outputs = self.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests], per_row,
                                     use_tqdm=False, lora_request=self._lora)
         completions = []
@@ -178,7 +179,8 @@ class ServerClient:
 
     def generate(self, requests: Sequence[Request], params: dict) -> list[Completion]:
         body = json.dumps({"params": params, "prompts": [r.prompt_ids for r in requests],
-                           "seeds": [r.seed for r in requests]}).encode()
+                           "seeds": [r.seed for r in requests],
+                           "max_tokens": [r.max_tokens for r in requests]}).encode()
         answer = self._call("POST", "/generate", body)
         return [Completion(list(c["token_ids"]), list(c["logprobs"]), bool(c["truncated"])) for c in answer]
 

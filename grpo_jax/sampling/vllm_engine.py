@@ -54,6 +54,7 @@ class Request:
 
     prompt_ids: list[int]
     seed: int
+    max_tokens: int | None = None  # None: the call's max_tokens (benchmarks force a row's length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +190,9 @@ class VllmEngine:
     # -- sampling --------------------------------------------------------------------------------
 
     def __call__(self, params, prompts: Sequence[Sequence[int]], *, num_samples: int, sampling: SamplingConfig,
-                 rng: jax.Array) -> SampleOutput:
+                 rng: jax.Array, forced_lengths=None) -> SampleOutput:
+        """`SamplingEngine.__call__`. forced_lengths ([B] ints, benchmarks only, as the built-in
+        sampler's): row r samples exactly that many tokens, stop ids ignored."""
         if not prompts:
             raise ValueError("VllmEngine: prompts is empty; pass at least one list of token ids")
         if not isinstance(num_samples, int) or num_samples <= 0:
@@ -199,7 +202,10 @@ class VllmEngine:
             self.sync_weights(params)
         self._wake()
         rows = [list(map(int, p)) for p in prompts for _ in range(num_samples)]
-        requests = [Request(p, s) for p, s in zip(rows, row_seeds(rng, len(rows)))]
+        lengths = [None] * len(rows) if forced_lengths is None else [int(n) for n in forced_lengths]
+        requests = [Request(p, s, n) for p, s, n in zip(rows, row_seeds(rng, len(rows)), lengths)]
+        if forced_lengths is not None:
+            sampling = dataclasses.replace(sampling, ignore_eos=True)
         completions = self.backend.generate(requests, sampling_params(sampling, self.eos_ids))
         if self.sleep_between_calls:
             self.backend.sleep()
