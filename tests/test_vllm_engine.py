@@ -89,13 +89,14 @@ def test_completions_are_packed_as_the_builtin_sampler_lays_them_out():
     out = _engine(FakeBackend(script))(_params(), [[3, 4, 5], [6, 7, 8, 9, 10]], num_samples=2, sampling=SAMPLING,
                                        rng=jax.random.PRNGKey(0))
     assert isinstance(out, SampleOutput)
-    np.testing.assert_array_equal(out.prompt_tokens_BxP, [[0, 0, 0, 0, 0, 3, 4, 5]] * 2 + [[0, 0, 0, 6, 7, 8, 9, 10]] * 2)
+    np.testing.assert_array_equal(out.prompt_tokens_BxP,
+                                  [[0, 0, 0, 0, 0, 3, 4, 5]] * 2 + [[0, 0, 0, 6, 7, 8, 9, 10]] * 2)
     np.testing.assert_array_equal(out.prompt_mask_BxP, [[0, 0, 0, 0, 0, 1, 1, 1]] * 2 + [[0, 0, 0, 1, 1, 1, 1, 1]] * 2)
     np.testing.assert_array_equal(out.tokens_BxC, [[5, 6, 1, 0], [7, 8, 9, 10], [2, 0, 0, 0], [11, 12, 13, 2]])
     np.testing.assert_array_equal(out.mask_BxC, [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]])
     np.testing.assert_array_equal(out.truncated_B, [False, True, False, False])
-    np.testing.assert_array_equal(out.logprobs_BxC, np.array([[-0.5, -0.25, -0.125, 0], [-1, -2, -4, -8],
-                                                              [-0.0625, 0, 0, 0], [-1, -0.5, -0.25, -0.75]], np.float32))
+    logprobs = [[-0.5, -0.25, -0.125, 0], [-1, -2, -4, -8], [-0.0625, 0, 0, 0], [-1, -0.5, -0.25, -0.75]]
+    np.testing.assert_array_equal(out.logprobs_BxC, np.array(logprobs, np.float32))
     assert [a.dtype for a in (out.prompt_tokens_BxP, out.prompt_mask_BxP, out.tokens_BxC, out.mask_BxC,
                               out.truncated_B, out.logprobs_BxC)] == [np.int32] * 4 + [np.bool_, np.float32]
 
