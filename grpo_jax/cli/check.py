@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, help="devices of the mesh (default: this machine's); more than "
                         "the machine has: fake CPU devices in a subprocess")
     parser.add_argument("--memory-per-device", type=parse_bytes, metavar="SIZE",
-                        help="budget per device, e.g. 16GiB (default: the device's limit; none on CPU)")
+                        help="budget per device, e.g. 16GiB (default: the device's limit; none on CPU); with a "
+                        "colocated vLLM engine the whole device, which it shares with JAX")
     parser.add_argument("--model-shape", choices=sorted(MODEL_SHAPES),
                         help="the model's shape (needed when model.hf_path is not on this machine; wins over "
                         "its config.json and the model.* fields)")
