@@ -45,6 +45,19 @@ def test_override_parses_by_field_type():
     ("grpo.advantage_eps=-1", ["grpo.advantage_eps=-1", ">= 0"]),
     ("train.run_dir=", ["train.run_dir is empty"]),
     ("rewards.timeout_s=-5", ["rewards.timeout_s", ">= 0"]),
+    # sampling.engine="vllm"'s fields (TRL's names): the share of device memory, ports, sizes, modes.
+    ("sampling.engine=sglang", ["sampling.engine", "'sglang'", "vllm"]),
+    ("sampling.vllm_mode=remote", ["sampling.vllm_mode", "colocate", "server"]),
+    ("sampling.vllm_gpu_memory_utilization=0", ["sampling.vllm_gpu_memory_utilization=0.0", "(0, 1]"]),
+    ("sampling.vllm_gpu_memory_utilization=1.5", ["sampling.vllm_gpu_memory_utilization=1.5", "(0, 1]"]),
+    ("sampling.vllm_gpu_memory_utilization=nan", ["sampling.vllm_gpu_memory_utilization=nan", "finite"]),
+    ("sampling.vllm_tensor_parallel_size=0", ["sampling.vllm_tensor_parallel_size=0", "> 0"]),
+    ("sampling.vllm_server_port=0", ["sampling.vllm_server_port=0", "TCP port (1-65535)"]),
+    ("sampling.vllm_server_port=65536", ["sampling.vllm_server_port=65536", "TCP port (1-65535)"]),
+    ("sampling.vllm_server_timeout=0", ["sampling.vllm_server_timeout=0.0", "> 0"]),
+    ("sampling.vllm_max_model_length=-1", ["sampling.vllm_max_model_length=-1", ">= 0"]),
+    ("sampling.vllm_dtype=float16", ["sampling.vllm_dtype", "'float16'", "auto", "float32", "bfloat16"]),
+    ("sampling.vllm_enable_sleep_mode=maybe", ["sampling.vllm_enable_sleep_mode", "bool"]),
 ])
 def test_bad_override_names_the_key(override, words):
     with pytest.raises(ConfigError) as err:
@@ -189,6 +202,20 @@ def test_each_section_validates_itself():
                            (config_lib.GRPOSection(num_generations=1), "grpo.num_generations=1")]:
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("+", r"\+")):
             section.validate()
+
+
+def test_rollout_devices_with_a_vllm_engine_are_refused_in_either_mode():
+    # vLLM places its engine itself (colocated on the trainer's devices, or a server elsewhere):
+    # off_policy.rollout_devices would split devices that no sampler of ours uses.
+    split = ["off_policy.rollout_devices=2", "off_policy.max_staleness=1"]
+    assert apply_overrides(Config(), split).off_policy.rollout_devices == 2  # our own sampler: allowed
+    for mode in ("colocate", "server"):
+        with pytest.raises(ConfigError) as err:
+            apply_overrides(Config(), [*split, "sampling.engine=vllm", f"sampling.vllm_mode={mode}"])
+        assert str(err.value).startswith("off_policy.rollout_devices=2 with sampling.engine=vllm")
+        assert "off_policy.rollout_devices=0" in str(err.value)
+    # Without the split, asynchronous rollouts on vLLM are a valid config.
+    assert apply_overrides(Config(), ["sampling.engine=vllm", "off_policy.max_staleness=1"]).sampling.engine == "vllm"
 
 
 def test_sections_build_their_engines_configs():

@@ -24,8 +24,15 @@ CPU compile estimates a TPU/GPU one (other fusions, no memory-driven remateriali
 on the target is exact for that program. Not counted: held-out evaluation rollouts, the runtime's
 own overhead and fragmentation (on a GPU give XLA's pool, not the card: XLA_PYTHON_CLIENT_MEM_FRACTION).
 
+With sampling.engine="vllm" the rollout runs on vLLM, not on our sampler: no prefill or decode
+program is compiled and no KV cache is counted on JAX's side. A colocated engine
+(vllm_mode="colocate") takes vllm_gpu_memory_utilization of each device: give --memory-per-device
+the whole device then; the update's peak is judged against the fraction JAX keeps beside it, and
+the engine's share must hold its weights plus one max-length sequence's KV cache (`check_engine`).
+
 Exit status: 0, 2 for a config error ("config error: ..."), 3 when the peak exceeds
---memory-per-device, 1 for anything else.
+--memory-per-device (with a colocated vLLM engine: JAX's share of it, or the engine's share is too
+small for the engine), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -68,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, help="devices of the mesh (default: this machine's); more than "
                         "the machine has: fake CPU devices in a subprocess")
     parser.add_argument("--memory-per-device", type=parse_bytes, metavar="SIZE",
-                        help="budget per device, e.g. 16GiB (default: the device's limit; none on CPU)")
+                        help="budget per device, e.g. 16GiB (default: the device's limit; none on CPU); with a "
+                        "colocated vLLM engine the whole device, which it shares with JAX")
     parser.add_argument("--model-shape", choices=sorted(MODEL_SHAPES),
                         help="the model's shape (needed when model.hf_path is not on this machine; wins over "
                         "its config.json and the model.* fields)")
@@ -105,11 +113,28 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
     if figures["fits"] is False:
-        p = figures["peak"]
-        print(f"too big: the {p['phase']} phase needs {gib(p['bytes'])} per device ({p['parts']}) > "
-              f"--memory-per-device {gib(figures['memory_per_device'])}", file=sys.stderr)
+        print(too_big_message(figures), file=sys.stderr)
         return EXIT_TOO_BIG
     return 0
+
+
+def too_big_message(figures: dict) -> str:
+    """Why the run does not fit: the update's peak over its budget, the engine's share too small, or both."""
+    p, engine, lines = figures["peak"], figures.get("vllm"), []
+    if engine and engine["engine_fits"] is False:
+        needs = engine["needs"]
+        lines.append(f"too small: sampling.vllm_gpu_memory_utilization={engine['utilization']} gives the vLLM engine "
+                     f"{gib(engine['engine_bytes'])} per device < {gib(needs['needs_bytes'])} for its "
+                     f"{needs['dtype']} weights ({gib(needs['weights_bytes'])}) and one {needs['sequence_tokens']}"
+                     f"-token sequence's KV cache ({gib(needs['kv_cache_bytes'])}); raise it")
+    if p["bytes"] > figures["budget"]:
+        where = f"--memory-per-device {gib(figures['memory_per_device'])}"
+        if engine and engine["mode"] == "colocate":
+            where = (f"the {gib(figures['budget'])} JAX keeps beside the colocated vLLM engine "
+                     f"(XLA_PYTHON_CLIENT_MEM_FRACTION={engine['jax_fraction']:.2f} of "
+                     f"--memory-per-device {gib(figures['memory_per_device'])})")
+        lines.append(f"too big: the {p['phase']} phase needs {gib(p['bytes'])} per device ({p['parts']}) > {where}")
+    return "\n".join(lines)
 
 
 def _reexec_with_fake_devices(args) -> int | None:
@@ -234,6 +259,8 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
         per_row += 4 * c * (1 if g.loss_top_k == 0 else 2 * g.loss_top_k)
     kv_per_token = model_config.num_layers * 2 * kv_local * model_config.head_dim * act_bytes
     cache_tokens = plan.rows_per_device * seq
+    if config.sampling.engine == "vllm":  # the engine's KV cache lives in its own share (check_engine)
+        cache_tokens = 0
     if config.sampling.resolved_engine() == "continuous":  # its slots, plus the prompt store
         m_local = sampler_lib.prefill_rows(g.prompts_per_step, g.num_generations, plan.row_devices) // plan.row_devices
         slots = check_programs.target_slots(config, plan.rows, plan.row_devices)
@@ -248,7 +275,7 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
         "gradients": bytes_per_device(st.state.params),
         "kv_cache": cache_tokens * kv_per_token,
         "decode_weights": bytes_per_device(check_programs.decode_copy(st, model_config))
-        if st.separate_decode_copy else 0,
+        if st.separate_decode_copy and config.sampling.engine != "vllm" else 0,
         "step_rows": plan.rows_per_device * per_row,
     }
 
@@ -259,7 +286,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     import jax
 
     from grpo_jax import config as config_lib
-    from grpo_jax.cli import check_programs
+    from grpo_jax.cli import check_engine, check_programs
     from grpo_jax.sampling import sampler as sampler_lib
     from grpo_jax.training import run_context
 
@@ -293,15 +320,20 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         parts = "state, sampler copy and KV cache or gradients; no program compiled (--no-compile)"
     if memory_per_device is None and jax.default_backend() != "cpu":
         memory_per_device = (devices_used[0].memory_stats() or {}).get("bytes_limit")
+        if check_engine.colocated(config):  # the engine's share and JAX's are both of the whole device
+            memory_per_device = check_engine.whole_device(memory_per_device, jax.default_backend())
+    engine = check_engine.engine_share(config, model_config, device_bytes=memory_per_device, prompt_len=prompt_len)
     peak = {"phase": peak_name, "bytes": phase_bytes[peak_name], "parts": parts}
     return _figures(config, model_config, mesh, st, source=source, devices=devices_used,
                     rollout_devices=rollout_devices, prompt_len=prompt_len, sizes=sizes, state_bytes=state,
-                    programs=programs, phase_bytes=phase_bytes, peak=peak, memory_per_device=memory_per_device)
+                    programs=programs, phase_bytes=phase_bytes, peak=peak, memory_per_device=memory_per_device,
+                    engine=engine)
 
 
 def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollout_devices, prompt_len, sizes,
-             state_bytes, programs, phase_bytes, peak, memory_per_device) -> dict:
-    """`check`'s figures dict from its parts (module docstring: what each one counts)."""
+             state_bytes, programs, phase_bytes, peak, memory_per_device, engine=None) -> dict:
+    """`check`'s figures dict from its parts (module docstring: what each one counts). `engine`:
+    check_engine.engine_share's figures (sampling.engine="vllm"), whose `jax_bytes` is the budget."""
     import jax
 
     from grpo_jax.distributed import sharding
@@ -311,6 +343,10 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
     plan = BatchPlan.of(g, sharding.batch_size_multiple(mesh))
     act_bytes = 2 if model_config.dtype == "bfloat16" else 4
     trainable = st.state.params
+    budget = memory_per_device if engine is None else engine["jax_bytes"]
+    fits = None if budget is None else peak["bytes"] <= budget
+    if engine is not None and engine["engine_fits"] is False:
+        fits = False
     return {
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind,
@@ -336,7 +372,9 @@ def _figures(config, model_config, mesh, st: Abstract, *, source, devices, rollo
         "phases": phase_bytes,
         "peak": peak,
         "memory_per_device": memory_per_device,
-        "fits": None if memory_per_device is None else peak["bytes"] <= memory_per_device,
+        "vllm": engine,
+        "budget": budget,
+        "fits": fits,
         "weights": weight_specs(st.params, sharding.param_specs(mesh, st.params),
                                 sharding.param_specs(mesh, st.params, decode=True)),
     }

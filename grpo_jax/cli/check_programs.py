@@ -89,7 +89,8 @@ def _sampler_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
 
 
 def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_ids, pad_id) -> dict[str, Program]:
-    """The rollout's prefill and decode, the log-prob pass(es) the config runs, and the update,
+    """The rollout's prefill and decode (the built-in sampler's; none with sampling.engine="vllm"),
+    the log-prob pass(es) the config runs, and the update,
     lowered on abstract arguments with the trainer's shardings and compiled. The log-prob pass and
     the update are the trainer's own (`trainable.build_training`, in `st.training`)."""
     g, c = config.grpo, config.sampling.max_new_tokens
@@ -97,8 +98,10 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
     seq, rows, m = prompt_len + c, plan.rows, plan.rows_per_micro_batch
     rows_sh = sharding.batch_sharding(mesh)
     i32, f32 = jnp.int32, jnp.float32
-    programs = _sampler_programs(config, model_config, mesh, st, prompt_len=prompt_len, stop_ids=stop_ids,
-                                 pad_id=pad_id)
+    programs = {}
+    if config.sampling.engine != "vllm":  # a vLLM engine is not our program: check_engine counts its share
+        programs = _sampler_programs(config, model_config, mesh, st, prompt_len=prompt_len, stop_ids=stop_ids,
+                                     pad_id=pad_id)
     tr, state = st.training, st.state
     tokens, attention = _rows((rows, seq), i32, rows_sh), _rows((rows, seq), i32, rows_sh)
     if g.beta > 0:
@@ -151,9 +154,12 @@ def phase_peaks(sizes: dict[str, int], programs: dict[str, Program], separate_de
     """phase -> (arrays alive meanwhile that the program does not take, the program in use)."""
     adapters = sizes["adapters"] > 0  # then "params" is the frozen base, which is also the reference
     rollout = {"opt_state": sizes["opt_state"], "reference": sizes["reference"], "adapters": sizes["adapters"]}
-    if separate_decode_copy:  # the training-layout params stay; the decode copy is an argument
+    if separate_decode_copy or "decode" not in programs:  # the params stay beside the sampler's weights
         rollout["params"] = sizes["params"]
-    phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
+    if "decode" in programs:
+        phases = {"rollout": (rollout, max(programs["prefill"], programs["decode"], key=lambda p: p.peak))}
+    else:  # sampling.engine="vllm": JAX runs nothing while the engine samples in its own memory
+        phases = {"rollout": (rollout, Program("vLLM engine (its own share)", 0, 0, 0, 0, 0.0))}
     # With adapters the reference pass reads the base; the pi_old pass reads a merged copy beside it.
     for name, others in (("logprobs_ref", {"params": 0 if adapters else sizes["params"]}),
                          ("logprobs_policy", {"reference": sizes["reference"],

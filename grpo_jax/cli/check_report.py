@@ -72,10 +72,41 @@ def format_report(f: dict) -> str:
     lines += ["", "weights                   shape              count  training layout            | sampler layout"]
     for w in f["weights"]:
         lines.append(f"  {w['name']:<24}{w['shape']!s:<19}{w['count']:>5}  {w['train']:<27}| {w['decode']}")
-    p, limit = f["peak"], f["memory_per_device"]
+    lines += engine_lines(f)
+    p, limit, engine = f["peak"], f["memory_per_device"], f.get("vllm")
     verdict = "no limit given" if limit is None else (
         f"fits {gib(limit)}" if f["fits"] else f"EXCEEDS {gib(limit)}")
+    if engine and engine["mode"] == "colocate" and limit is not None:
+        verdict = (f"{'fits' if p['bytes'] <= f['budget'] else 'EXCEEDS'} the {gib(f['budget'])} JAX keeps of "
+                   f"{gib(limit)} beside the vLLM engine; the engine's share "
+                   f"{'holds' if engine['engine_fits'] else 'is TOO SMALL for'} its weights and one sequence")
     lines += ["", f"summary: {count(m['num_params'])} params on {f['devices']} devices ({mesh}): peak "
                   f"{gib(p['bytes'])} per device in the {p['phase']} phase; {verdict}"]
     return "\n".join(lines)
 
+
+def engine_lines(f: dict) -> list[str]:
+    """sampling.engine="vllm": where the engine runs, its share of each device and what it needs."""
+    e = f.get("vllm")
+    if not e:
+        return []
+    if e["mode"] == "server":
+        return ["", f"rollout on vLLM: {e['where']}; it takes none of these devices' memory"]
+    n, limit = e["needs"], f["memory_per_device"]
+    lines = ["", f"rollout on vLLM, colocated ({e['where']}; no prefill/decode of ours compiled)"]
+    if limit is None:
+        lines.append(f"  {'engine share':<28}vllm_gpu_memory_utilization={e['utilization']} of the device "
+                     "(no --memory-per-device: bytes unknown)")
+    else:
+        lines.append(_row("engine share", e["engine_bytes"], f"{e['utilization']} of {gib(limit)}"))
+        lines.append(_row("left for JAX", e["jax_bytes"], f"XLA_PYTHON_CLIENT_MEM_FRACTION={e['jax_fraction']:.2f}"))
+    lines.append(_row("engine needs at least", n["needs_bytes"],
+                      f"{n['dtype']} weights {gib(n['weights_bytes'])} + KV of one {n['sequence_tokens']}-token "
+                      f"sequence {gib(n['kv_cache_bytes'])}, tp={n['tensor_parallel_size']}"))
+    if e["engine_fits"] is False:
+        lines.append("  ENGINE SHARE TOO SMALL: raise sampling.vllm_gpu_memory_utilization")
+    return lines
+
+
+def _row(label: str, n: int, note: str) -> str:
+    return f"  {label:<28}{n:>14,} {n / 2**30:>9.3f}   ({note})"
