@@ -31,7 +31,8 @@ import bench_rollout  # noqa: E402
 def w1_child(engine: str, steps: int) -> dict:
     import bench_w1
 
-    overrides = {"vllm": ["sampling.engine=vllm", "sampling.vllm_gpu_memory_utilization=0.2"]}.get(engine, [])
+    overrides = {"vllm": ["sampling.engine=vllm", "sampling.vllm_gpu_memory_utilization=0.2"]}.get(
+        engine, ["sampling.engine=auto"])
     result = bench_w1.run_w1(steps=steps, measure_peak=False, config_overrides=overrides)
     weight_sync = [r["time/weight_sync"] for r in result.pop("history") if "time/weight_sync" in r]
     keep = ("step_s_median", "wall_step_s_median", "split_s_median", "generated_tokens_per_s", "rollout_tokens_per_s",

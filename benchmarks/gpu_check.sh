@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script to run when a session is lent a GPU (the `device` tool), in under 5 minutes:
 #   W2 on the GPU, the GPU test subset, `check` on the GPU's own compiler against the memory the
-#   update really peaks at, and the attention kernels at reasoning lengths. Run from the repo root
+#   update really peaks at, the attention kernels at reasoning lengths, and W1/W3 on vLLM where installed. Run from the repo root
 #   with the device's own Python (jax with CUDA installed; nothing is downloaded):
 #     PYTHONPATH=. bash benchmarks/gpu_check.sh
 # Each part writes its JSON under ${OUT:-/tmp/gpu_check}; a failing part does not stop the others.
@@ -35,4 +35,13 @@ timeout 90 "$py" -m grpo_jax check --config configs/qwen25_05b_gpu.py --model-sh
   --set grpo.num_generations=8 --set grpo.num_minibatches=1 --set grpo.grad_accum_steps=16 \
   --json "$out/check_8k.json" > "$out/check_8k.txt" 2>&1
 grep -E "update|summary" "$out/check_8k.txt"
+echo "== rollouts on vLLM beside the built-in engine (W1 steps, W3 rollouts; skipped without vllm)"
+if "$py" -c "import vllm" 2> /dev/null; then
+  # A colocated engine shares the GPU: XLA's pool is capped (and not preallocated, above) so both fit.
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.6 timeout 240 "$py" benchmarks/bench_vllm.py --steps 8 --repeats 3 \
+    > "$out/vllm.json" 2> "$out/vllm.err"
+  tail -c 2000 "$out/vllm.json"
+else
+  echo "vllm is not installed in $py's environment: skipped"
+fi
 echo "done: $out"

@@ -22,7 +22,7 @@ from grpo_jax.model.logprobs import token_logprobs  # noqa: E402
 from grpo_jax.sampling.engine import SamplingConfig  # noqa: E402
 from grpo_jax.sampling.sampler import Sampler  # noqa: E402
 from grpo_jax.sampling.vllm_backends import Colocated, EngineOptions  # noqa: E402
-from grpo_jax.sampling.vllm_engine import AdapterWeights, VllmEngine  # noqa: E402
+from grpo_jax.sampling.vllm_engine import AdapterWeights, EngineError, VllmEngine  # noqa: E402
 
 BUCKETS = (8, 16, 32)
 TOKENIZER = load_tokenizer("char:0123456789+=")
@@ -64,6 +64,12 @@ def trainer_logprobs(graphdef, params, out, temperature):
 # factor ~20 for the softmax's exp/log and kernel differences (fused, reordered sums); a wrong
 # temperature (T=0.7 vs 1) or stale weights move log-probs by > 1e-2, so the test still fails on those.
 LOGPROB_ATOL = 1e-4
+
+
+def test_sleep_mode_on_a_platform_without_it_is_refused_naming_the_field(tmp_path):
+    # vLLM's CPU backend has no sleep mode; the refusal comes before any engine starts.
+    with pytest.raises(EngineError, match="sampling.vllm_enable_sleep_mode=true: vLLM has no sleep mode"):
+        Colocated(EngineOptions(model_dir=str(tmp_path), enable_sleep_mode=True))
 
 
 def test_greedy_completions_equal_the_builtin_samplers_token_for_token(model_and_engine):

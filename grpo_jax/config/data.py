@@ -83,7 +83,7 @@ class SamplingSection:
     vllm_gpu_memory_utilization: float = 0.3
     vllm_tensor_parallel_size: int = 1
     vllm_enable_sleep_mode: bool = False  # colocate: free the engine's memory during the update
-    vllm_max_model_length: int = 0  # 0: the largest prompt bucket plus max_new_tokens
+    vllm_max_model_length: int = 0  # 0: the checkpoint's max_position_embeddings (vLLM's default)
     # The engine's weight dtype: "auto" takes model.dtype (the dtype the trainer computes in).
     vllm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     vllm_server_host: str = "127.0.0.1"

