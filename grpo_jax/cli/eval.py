@@ -400,7 +400,7 @@ def _run(args: argparse.Namespace) -> int:
         policy = {"hf": os.path.abspath(config.model.hf_path)}
     else:
         policy = {"init_seed": config.model.init_seed}  # an untrained model: a baseline
-    sampler = run_context.build_sampler(config, graphdef, model_config, tokenizer, mesh)
+    sampler = run_context.build_sampler(config, graphdef, model_config, tokenizer, mesh, params)
     processes = Processes(mesh)
     # Up to 64 questions per sampler call (fewer when there are fewer), a multiple of the devices.
     multiple = sharding.batch_size_multiple(mesh)
