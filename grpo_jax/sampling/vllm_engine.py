@@ -138,6 +138,7 @@ class VllmEngine:
         self._synced_base = None  # adapters: the base last sent
         self._sync_seconds: float | None = None
         self._adapter_dirs: list[str] = []
+        self.owned_dirs: list[str] = []  # removed by `close` (the exported starting checkpoint)
         self._asleep = False
 
     # -- weights ---------------------------------------------------------------------------------
@@ -240,6 +241,7 @@ class VllmEngine:
 
     def close(self) -> None:
         self.backend.close()
-        for directory in self._adapter_dirs:
+        for directory in self._adapter_dirs + self.owned_dirs:
             shutil.rmtree(directory, ignore_errors=True)
         self._adapter_dirs.clear()
+        self.owned_dirs.clear()

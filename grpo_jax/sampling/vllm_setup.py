@@ -59,11 +59,17 @@ def build_engine(config: config_lib.Config, graphdef, model_config, params, toke
                  prompt_buckets: tuple[int, ...]) -> VllmEngine:
     """The run's `VllmEngine` (sampling.engine="vllm"), its backend started or connected."""
     s = config.sampling
+    exported = None
     if s.vllm_mode == "server":
         backend = ServerClient(s.vllm_server_host, s.vllm_server_port, connect_timeout=s.vllm_server_timeout)
     else:
-        backend = Colocated(engine_options(config, starting_checkpoint(config, graphdef, params, tokenizer)))
-    return VllmEngine(backend, model_config,
-                      eos_ids=tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)),
-                      pad_id=tokenizer.pad_id, prompt_buckets=prompt_buckets, dtype=engine_dtype(config),
-                      sleep_between_calls=s.vllm_mode == "colocate" and s.vllm_enable_sleep_mode)
+        model_dir = starting_checkpoint(config, graphdef, params, tokenizer)
+        exported = None if config.model.hf_path else model_dir
+        backend = Colocated(engine_options(config, model_dir))
+    engine = VllmEngine(backend, model_config,
+                        eos_ids=tuple(getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)),
+                        pad_id=tokenizer.pad_id, prompt_buckets=prompt_buckets, dtype=engine_dtype(config),
+                        sleep_between_calls=s.vllm_mode == "colocate" and s.vllm_enable_sleep_mode)
+    if exported is not None:
+        engine.owned_dirs.append(exported)
+    return engine

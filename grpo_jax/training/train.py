@@ -214,6 +214,9 @@ def run(
         writer.close()
         if ctx.pool is not None:
             ctx.pool.close()
+        close_engine = getattr(ctx.sampler, "close", None)  # an external engine (vLLM) and its files
+        if close_engine is not None:
+            close_engine()
 
     if state.step == config.train.steps and config.train.export_hf:
         run_state.export_hf(ctx, state)
