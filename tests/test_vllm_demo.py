@@ -45,3 +45,11 @@ def test_the_demo_trains_on_vllm_and_reaches_the_demos_accuracy(tmp_path):
     steps = [r for r in rows if "time/rollout" in r]
     synced = [r for r in steps if r.get("time/weight_sync", 0) > 0]
     assert len(steps) == 1000 and len(synced) >= 1000 - 11, (len(steps), len(synced))
+    # The engine sampled from the trainer's pi_old at every step: the sampler correction's
+    # |log pi_old - log pi_engine| per token stays at float32 kernel noise. Bound: the 1e-4 of
+    # tests/test_vllm.py's argument was for O(1) logits; a trained policy's logits grow to O(10), and
+    # the error with them, so 1e-3 (1,000 steps measured here: 6.9e-5 at most). An engine left on
+    # older weights differs by the policy's change since then (O(1) across this run; > 1e-2 for the
+    # one-update moves of tests/test_vllm.py).
+    worst = max(r["sampling/sampling_logp_difference/max"] for r in steps)
+    assert worst < 1e-3, worst

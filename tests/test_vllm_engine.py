@@ -6,6 +6,7 @@ and how it packs the answers into `SampleOutput`'s arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -132,9 +133,14 @@ def test_a_malformed_answer_raises_engine_error_naming_the_row(completion, words
 
 
 def test_sampling_params_map_the_sampling_config_exactly():
-    sampled = SamplingConfig(max_new_tokens=7, temperature=0.7, top_k=5, top_p=0.9, ignore_eos=True)
+    sampled = SamplingConfig(max_new_tokens=7, temperature=0.7, top_k=5, top_p=0.9)
     assert sampling_params(sampled, (1, 2, 9)) == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "max_tokens": 7,
-                                                   "stop_token_ids": [1, 2, 9], "ignore_eos": True}
+                                                   "stop_token_ids": [1, 2, 9], "ignore_eos": False}
+    # ignore_eos: every row runs to max_tokens (the built-in sampler's meaning), so no stop id is sent;
+    # vLLM's own ignore_eos would only cover the checkpoint's EOS.
+    benchmark = dataclasses.replace(sampled, ignore_eos=True)
+    assert sampling_params(benchmark, (1, 2, 9)) == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "max_tokens": 7,
+                                                     "stop_token_ids": [], "ignore_eos": True}
     # Greedy is vLLM's temperature 0, whatever the temperature; top_k 0 and top_p 1 are "off" in both.
     greedy = SamplingConfig(max_new_tokens=3, temperature=0.7, greedy=True)
     assert sampling_params(greedy, (2,)) == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 3,

@@ -106,7 +106,9 @@ def sampling_params(sampling: SamplingConfig, stop_ids: Sequence[int]) -> dict:
         "top_k": int(sampling.top_k),
         "top_p": float(sampling.top_p),
         "max_tokens": int(sampling.max_new_tokens),
-        "stop_token_ids": [int(i) for i in stop_ids],
+        # ignore_eos: every row runs to max_tokens, as in the built-in sampler; vLLM's own ignore_eos
+        # covers only the checkpoint's EOS, so the stop ids are not sent either.
+        "stop_token_ids": [] if sampling.ignore_eos else [int(i) for i in stop_ids],
         "ignore_eos": bool(sampling.ignore_eos),
     }
 
