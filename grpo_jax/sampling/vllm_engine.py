@@ -114,7 +114,11 @@ def sampling_params(sampling: SamplingConfig, stop_ids: Sequence[int]) -> dict:
 
 
 def row_seeds(rng: jax.Array, num_rows: int) -> list[int]:
-    """One seed per row from the call's key: equal calls, equal seeds (so equal samples)."""
+    """One seed per row from the call's key: equal calls, equal seeds (so equal samples). With
+    several processes each samples its own slice of the prompts from the same key, so the
+    process index is folded in: no two processes' rows share a seed."""
+    if jax.process_count() > 1:
+        rng = jax.random.fold_in(rng, jax.process_index())
     return [int(s) for s in np.asarray(jax.random.randint(rng, (num_rows,), 0, 2**31 - 1))]
 
 
