@@ -246,8 +246,11 @@ def test_a_server_mode_run_survives_the_engine_being_killed(server, tmp_path):
     last = max(metrics_steps(run_dir))
     assert last >= 2 and checkpoint_steps(run_dir)[-1] == last
 
-    # A fresh server (the module's, holding other weights): --resume continues from that step.
-    resumed = subprocess.run(train_command(run_dir, server, "--set", f"train.steps={last + 1}", "--resume"), cwd=ROOT,
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # A fresh server (the module's, at another port, holding other weights): --resume continues from
+    # that step; one step more, then it stops as train.stop_after_steps asks (exit 75, resumable).
+    resumed = subprocess.run(train_command(run_dir, server, "--set", "train.steps=1000", "--set",
+                                           "train.stop_after_steps=1", "--resume"),
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert resumed.returncode == 75, resumed.stderr[-3000:]
+    assert f"resumed from step {last} (" in resumed.stderr
     assert metrics_steps(run_dir)[-1] == last + 1 and checkpoint_steps(run_dir)[-1] == last + 1
