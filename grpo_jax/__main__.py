@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The three commands and their flags; `train --help` lists every config field by section."""
+    """The commands and their flags; `train --help` lists every config field by section."""
     parser = argparse.ArgumentParser(
         prog="python -m grpo_jax", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

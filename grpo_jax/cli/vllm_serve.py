@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -56,9 +57,6 @@ def starting_model_dir(config) -> str:
 
 def run(args) -> int:
     from grpo_jax import config as config_lib
-    from grpo_jax.sampling import vllm_setup
-    from grpo_jax.sampling.vllm_engine import EngineError
-    from grpo_jax.sampling.vllm_server import EngineHTTPServer, EngineService
 
     try:
         config = config_lib.apply_overrides(config_lib.load_config_file(args.config), list(args.set))
@@ -66,9 +64,22 @@ def run(args) -> int:
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    try:
+        return _serve(config, model_dir, args.host, args.port)
+    finally:
+        if not config.model.hf_path:  # our export of the fresh model, not the user's checkpoint
+            shutil.rmtree(model_dir, ignore_errors=True)
+
+
+def _serve(config, model_dir: str, host: str | None, port: int | None) -> int:
+    """Starts the engine on `model_dir`, listens, and serves until SIGTERM / SIGINT."""
+    from grpo_jax.sampling import vllm_setup
+    from grpo_jax.sampling.vllm_engine import EngineError
+    from grpo_jax.sampling.vllm_server import EngineHTTPServer, EngineService
+
     s = config.sampling
-    host = args.host if args.host is not None else s.vllm_server_host
-    port = args.port if args.port is not None else s.vllm_server_port
+    host = host if host is not None else s.vllm_server_host
+    port = port if port is not None else s.vllm_server_port
     try:
         service = EngineService(vllm_setup.engine_options(config, model_dir))
     except EngineError as e:
