@@ -90,6 +90,91 @@ def test_adapter_files_are_read_from_hex_and_paths_refused():
             parse_adapter(json.dumps(payload).encode())
 
 
+class FakeBackend:
+    """`Colocated`'s methods without vLLM: records the calls, answers token i+1 per prompt token i."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, requests, params):
+        from grpo_jax.sampling.vllm_engine import Completion
+
+        self.calls.append(("generate", params))
+        return [Completion([t + 1 for t in r.prompt_ids], [-0.5] * len(r.prompt_ids), r.seed == 0) for r in requests]
+
+    def load_weights(self, named):
+        self.calls.append(("load_weights", [(n, a.dtype.name, a.shape) for n, a in named]))
+
+    def load_adapter(self, directory, version):
+        files = {p.name: p.read_bytes() for p in pathlib.Path(directory).iterdir()}
+        self.calls.append(("load_adapter", directory, version, files))
+
+    def sleep(self):
+        raise RuntimeError("sleep mode is not enabled")  # what vLLM says without enable_sleep_mode
+
+    def wake_up(self):
+        self.calls.append(("wake_up",))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    """An `EngineHTTPServer` on a free port around `FakeBackend`, and a `ServerClient` of it."""
+    import threading
+
+    from grpo_jax.io import hf
+    from grpo_jax.model import ModelConfig, init_model
+    from grpo_jax.sampling.vllm_backends import EngineOptions
+    from grpo_jax.sampling.vllm_server import EngineHTTPServer, EngineService
+
+    shape = ModelConfig(vocab_size=14, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                        num_kv_heads=1, head_dim=8)
+    hf.save_model(init_model(shape, 0), tmp_path / "ckpt")
+    backend = FakeBackend()
+    service = EngineService(EngineOptions(model_dir=str(tmp_path / "ckpt"), max_lora_rank=8), backend=backend)
+    server = EngineHTTPServer(service, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield ServerClient("127.0.0.1", server.server_address[1], connect_timeout=5), backend, service
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_server_answers_what_the_client_sends(fake_server):
+    from grpo_jax.sampling.vllm_engine import Request
+
+    client, backend, service = fake_server
+    # /health: the checkpoint's shape (config.json), the LoRA rank it was started with.
+    assert client.info["model"] == {"vocab_size": 14, "hidden_size": 16, "num_layers": 1, "num_heads": 2,
+                                    "num_kv_heads": 1, "head_dim": 8}
+    assert client.info["max_lora_rank"] == 8
+    out = client.generate([Request([1, 2], 5), Request([3], 0)], {"temperature": 0.0, "max_tokens": 4})
+    assert [(c.token_ids, c.logprobs, c.truncated) for c in out] == [([2, 3], [-0.5, -0.5], False), ([4], [-0.5], True)]
+    client.load_weights([("w", np.ones((2, 3), ml_dtypes.bfloat16))])
+    assert backend.calls[-1] == ("load_weights", [("w", "bfloat16", (2, 3))])
+    # Adapters: the files travel in the body into a fresh directory per version; two are kept.
+    source = pathlib.Path(service.options.model_dir).parent / "adapter"
+    source.mkdir()
+    dirs = []
+    for version in (1, 2, 3):
+        (source / "adapter_config.json").write_text(f'{{"r": 8, "v": {version}}}')
+        client.load_adapter(str(source), version)
+        _, directory, got_version, files = backend.calls[-1]
+        assert got_version == version and files == {"adapter_config.json": f'{{"r": 8, "v": {version}}}'.encode()}
+        dirs.append(directory)
+    assert [os.path.isdir(d) for d in dirs] == [False, True, True]
+    # An engine failure is a 500 with its text; both come back as EngineError.
+    with pytest.raises(EngineError, match="answered 500: /sleep failed: RuntimeError: sleep mode is not enabled"):
+        client.sleep()
+    client.wake_up()
+    assert backend.calls[-1] == ("wake_up",)
+    with pytest.raises(EngineError, match=r"answered 400: bad /load_weights request: .*weights body"):
+        client._call("POST", "/load_weights", b"not a body", content_type="application/octet-stream")
+    with pytest.raises(EngineError, match="answered 404"):
+        client._call("POST", "/nothing", b"{}")
+
+
 # -- with vLLM: a server process -----------------------------------------------------------------------
 
 
