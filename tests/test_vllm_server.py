@@ -1,7 +1,8 @@
 """sampling.vllm_mode="server": `python -m grpo_jax vllm-serve` as a separate process, reached by
 `ServerClient` (TRL's `trl vllm-serve`).
 
-The request parsing and the weights body are tested without vLLM (default suite). The rest needs
+The request parsing, the weights body and the HTTP layer (around a fake engine) are tested without
+vLLM (default suite). The rest needs
 vLLM (marked `vllm`): one server process serves the module; the kill test starts one more and
 kills it. The model is the CPU demo's with two heads of 64 (vLLM's CPU attention refuses head_dim
 32), as configs/arith_vllm_cpu.py has it.
@@ -245,7 +246,8 @@ def test_served_engine_samples_as_the_builtin_sampler_and_follows_the_weights(se
     # Weights other than the server's starting ones (init_seed 1): the first call must send them.
     graphdef, params = nnx.split(init_model(model_config, seed=5), nnx.Param)
     buckets = (8, 16, 32)
-    engine = VllmEngine(client, model_config, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, prompt_buckets=buckets)
+    engine = VllmEngine(client, model_config, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
+                        prompt_buckets=buckets)
     prompts = [tokenizer.encode(text) for text in ("12+34=", "7+5=", "99+1=", "40+40=")]
 
     greedy = SamplingConfig(max_new_tokens=12, greedy=True)
@@ -335,7 +337,8 @@ def test_a_server_mode_run_survives_the_engine_being_killed(server, tmp_path):
     # that step; one step more, then it stops as train.stop_after_steps asks (exit 75, resumable).
     resumed = subprocess.run(train_command(run_dir, server, "--set", "train.steps=1000", "--set",
                                            "train.stop_after_steps=1", "--resume"),
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             timeout=300)
     assert resumed.returncode == 75, resumed.stderr[-3000:]
     assert f"resumed from step {last} (" in resumed.stderr
     assert metrics_steps(run_dir)[-1] == last + 1 and checkpoint_steps(run_dir)[-1] == last + 1
