@@ -8,6 +8,7 @@ kills it. The model is the CPU demo's with two heads of 64 (vLLM's CPU attention
 32), as configs/arith_vllm_cpu.py has it.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -176,6 +177,29 @@ def test_the_server_answers_what_the_client_sends(fake_server):
         client._call("POST", "/nothing", b"{}")
 
 
+def test_the_trainer_refuses_a_server_of_another_shape_naming_both(fake_server):
+    from grpo_jax import config as config_lib
+    from grpo_jax.io.tokenizer import load_tokenizer
+    from grpo_jax.sampling.vllm_setup import build_engine
+
+    client, _, _ = fake_server
+    port = client.url.rsplit(":", 1)[1]
+    # The demo's model (hidden 128, 2 layers) against a server started on hidden 16, 1 layer.
+    config = config_lib.apply_overrides(config_lib.load_config_file(str(ROOT / "configs/arith_cpu.py")),
+                                        MODEL_AND_ENGINE + [f"sampling.vllm_server_port={port}"])
+    tokenizer = load_tokenizer(config.model.tokenizer)
+    model_config = config.model.model_config(tokenizer.vocab_size)
+    with pytest.raises(EngineError, match=rf"server at http://127.0.0.1:{port} serves a model of shape "
+                                          r"\{'vocab_size': 14, 'hidden_size': 16, 'num_layers': 1.*\}, but this "
+                                          r"run's model is \{'vocab_size': 14, 'hidden_size': 128, 'num_layers': 2"):
+        build_engine(config, None, model_config, None, tokenizer, (8, 16))
+    # A run with LoRA adapters of rank 16 on a server started for rank 8: refused too.
+    config = config_lib.apply_overrides(config, ["lora.r=16"])
+    same = dataclasses.replace(model_config, **client.info["model"])
+    with pytest.raises(EngineError, match="takes LoRA adapters up to rank 8, but lora.r=16"):
+        build_engine(config, None, same, None, tokenizer, (8, 16))
+
+
 # -- with vLLM: a server process -----------------------------------------------------------------------
 
 
@@ -273,8 +297,6 @@ def test_served_engine_samples_as_the_builtin_sampler_and_follows_the_weights(se
 
 @pytest.mark.vllm
 def test_a_server_of_another_shape_is_refused_naming_both(server):
-    import dataclasses
-
     from grpo_jax.sampling.vllm_setup import check_served_model
 
     config = demo_config()
