@@ -3,6 +3,7 @@
 python -m grpo_jax train --config configs/arith_cpu.py [--set grpo.beta=0.04 ...] [--resume | --overwrite]
 python -m grpo_jax eval --config FILE [--checkpoint RUN_DIR | --hf DIR] --data gsm8k|math500|PATH [--limit K]
 python -m grpo_jax check --config FILE [--set ...] [--devices N] [--memory-per-device 16GiB]
+python -m grpo_jax vllm-serve --config FILE [--set ...] [--host H] [--port P]   (sampling.vllm_mode=server)
 
 Exit status: 0 when the run finished, 75 (EX_TEMPFAIL: run it again with --resume) when SIGTERM,
 Ctrl-C or train.stop_after_steps stopped it after saving a checkpoint, 2 for a config or run
@@ -35,11 +36,15 @@ def main(argv=None) -> int:
         from grpo_jax.cli import eval as eval_command
 
         return eval_command.run(args)
+    if args.command == "vllm-serve":
+        from grpo_jax.cli import vllm_serve
+
+        return vllm_serve.run(args)
     return _train(args)
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The three commands and their flags; `train --help` lists every config field by section."""
+    """The commands and their flags; `train --help` lists every config field by section."""
     parser = argparse.ArgumentParser(
         prog="python -m grpo_jax", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -54,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="build a config abstractly and report its memory per device",
                            description=check_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     check_command.add_arguments(check)
+    from grpo_jax.cli import vllm_serve
+
+    serve = sub.add_parser("vllm-serve", help="the vLLM engine process of sampling.vllm_mode=server",
+                           description=vllm_serve.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    vllm_serve.add_arguments(serve)
     return parser
 
 

@@ -38,6 +38,9 @@ OPERATIONAL_FIELDS = (
     "model.chat_template_max_chars",
     "mesh.",
     "sampling.threads",
+    "sampling.vllm_server_host",  # a restarted vLLM server may listen elsewhere (server mode)
+    "sampling.vllm_server_port",
+    "sampling.vllm_server_timeout",
     "train.run_dir",
     "train.log_every",
     "train.samples_every",

@@ -7,6 +7,7 @@ HTTP). vLLM and torch are imported only here, when a backend is made: the traine
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import io
 import json
 import os
@@ -187,7 +188,8 @@ class ServerClient:
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:2000]
             raise EngineError(f"vLLM server {self.url}{path} answered {e.code}: {detail}") from None
-        except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as e:
+        # HTTPException: the server died while writing its answer (IncompleteRead, a bad status line).
+        except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             raise EngineError(f"vLLM server {self.url}{path} failed: {reason}; the engine process stopped or "
                               "cannot be reached (restart it, then resume the run from its last checkpoint)") from None

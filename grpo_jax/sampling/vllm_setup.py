@@ -17,7 +17,7 @@ from flax import nnx
 from grpo_jax import config as config_lib
 from grpo_jax.io import hf
 from grpo_jax.sampling.vllm_backends import Colocated, EngineOptions, ServerClient
-from grpo_jax.sampling.vllm_engine import VllmEngine
+from grpo_jax.sampling.vllm_engine import EngineError, VllmEngine
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,26 @@ def starting_checkpoint(config: config_lib.Config, graphdef, params, tokenizer) 
     return str(directory)
 
 
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+def check_served_model(config: config_lib.Config, model_config, client: ServerClient) -> None:
+    """A server started from another config serves another architecture: its weights would not
+    load (or, worse, load into a model of another vocabulary). Refused at connect time, both shapes
+    named; likewise a server whose LoRA rank cannot hold the run's adapters."""
+    served = (client.info or {}).get("model") or {}
+    ours = {name: getattr(model_config, name) for name in SHAPE_FIELDS}
+    theirs = {name: served.get(name) for name in SHAPE_FIELDS}
+    if ours != theirs:
+        raise EngineError(f"the vLLM server at {client.url} serves a model of shape {theirs}, but this run's model "
+                          f"is {ours}; start the server with this run's config (python -m grpo_jax vllm-serve "
+                          "--config <this config> and the same --set overrides)")
+    rank = int((client.info or {}).get("max_lora_rank") or 0)
+    if config.lora.r > rank:
+        raise EngineError(f"the vLLM server at {client.url} takes LoRA adapters up to rank {rank}, but lora.r="
+                          f"{config.lora.r}; start the server with this run's config (its lora.r)")
+
+
 def build_engine(config: config_lib.Config, graphdef, model_config, params, tokenizer,
                  prompt_buckets: tuple[int, ...]) -> VllmEngine:
     """The run's `VllmEngine` (sampling.engine="vllm"), its backend started or connected."""
@@ -62,6 +82,7 @@ def build_engine(config: config_lib.Config, graphdef, model_config, params, toke
     exported = None
     if s.vllm_mode == "server":
         backend = ServerClient(s.vllm_server_host, s.vllm_server_port, connect_timeout=s.vllm_server_timeout)
+        check_served_model(config, model_config, backend)
     else:
         model_dir = starting_checkpoint(config, graphdef, params, tokenizer)
         exported = None if config.model.hf_path else model_dir
