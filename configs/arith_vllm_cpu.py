@@ -19,6 +19,6 @@ def get_config():
         config,
         model=dataclasses.replace(config.model, num_heads=2, num_kv_heads=2, head_dim=64),
         sampling=dataclasses.replace(config.sampling, engine="vllm", vllm_mode="colocate",
-                                     vllm_gpu_memory_utilization=0.2),
+                                     vllm_gpu_memory_utilization=0.05),
         train=dataclasses.replace(config.train, run_dir="runs/arith_vllm_cpu"),
     )

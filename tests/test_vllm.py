@@ -35,7 +35,7 @@ PROMPTS = [TOKENIZER.encode(text) for text in ("12+34=", "7+5=", "99+1=", "40+40
 def model_and_engine(tmp_path_factory):
     model = Transformer(CONFIG, rngs=nnx.Rngs(3))
     directory = hf.save_model(model, tmp_path_factory.mktemp("ckpt"), tokenizer=TOKENIZER)
-    backend = Colocated(EngineOptions(model_dir=str(directory), dtype="float32", gpu_memory_utilization=0.15,
+    backend = Colocated(EngineOptions(model_dir=str(directory), dtype="float32", gpu_memory_utilization=0.05,
                                       max_model_len=64, max_lora_rank=8))
     engine = VllmEngine(backend, CONFIG, eos_ids=TOKENIZER.eos_ids, pad_id=TOKENIZER.pad_id, prompt_buckets=BUCKETS)
     graphdef, params = nnx.split(model, nnx.Param)

@@ -46,6 +46,23 @@ def _to_torch(array: np.ndarray):
     return torch.from_numpy(array.copy() if not array.flags.writeable else array)
 
 
+def cpu_kv_cache_bytes(options: EngineOptions) -> int:
+    """On a CPU: the KV cache's bytes, the engine's share of host memory less its weights (the
+    checkpoint's files). Given explicitly because vLLM's CPU backend would otherwise take the share
+    less this whole process's resident memory, which here includes the trainer's params, optimizer
+    state and compiled programs, and grows: the engine's cache would shrink as the run goes, or not
+    start at all."""
+    import psutil
+
+    share = int(options.gpu_memory_utilization * psutil.virtual_memory().total)
+    weights = sum(f.stat().st_size for f in pathlib.Path(options.model_dir).glob("*.safetensors"))
+    if share <= weights:
+        raise EngineError(f"sampling.vllm_gpu_memory_utilization={options.gpu_memory_utilization} of this machine's "
+                          f"{psutil.virtual_memory().total / 2**30:.1f} GiB is {share / 2**30:.2f} GiB, no more than "
+                          f"the engine's weights ({weights / 2**30:.2f} GiB); raise it")
+    return share - weights
+
+
 class Colocated:
     """A `vllm.LLM` in this process. Its engine core runs in-process too
     (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync is a copy within this process (the
@@ -65,6 +82,8 @@ class Colocated:
                               f"({current_platform.device_type}); set it to false")
         self.options = options
         kwargs = {}
+        if current_platform.is_cpu():
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(options)
         if options.max_lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=options.max_lora_rank, max_loras=1)
         try:

@@ -4,7 +4,8 @@ vLLM engine behind HTTP, answering exactly what `vllm_backends.ServerClient` sen
     GET  /health        {"status": "ok", "model": {vocab_size, hidden_size, num_layers, num_heads,
                         num_kv_heads, head_dim} (the starting checkpoint's config.json),
                         "max_lora_rank", "weights_loads"}
-    POST /generate      {"params": SamplingParams fields, "prompts": [[id, ...], ...], "seeds": [int, ...]}
+    POST /generate      {"params": SamplingParams fields, "prompts": [[id, ...], ...], "seeds": [int, ...],
+                         "max_tokens": [int or null, ...] (optional)}
                         -> [{"token_ids", "logprobs", "truncated"}, ...], one per prompt
     POST /load_weights  an `encode_arrays` body -> the engine's weights replaced
     POST /load_adapter  {"version": int, "files": {name: hex}} -> a PEFT adapter the engine samples with
@@ -80,7 +81,12 @@ def parse_generate(body: bytes, vocab_size: int) -> tuple[list[Request], dict]:
     seeds = _int_list(seeds, "seeds")
     if len(seeds) != len(prompts):
         raise BadRequest(f"seeds has {len(seeds)} entries for {len(prompts)} prompts; give one per prompt")
-    return [Request(p, s) for p, s in zip(prompts, seeds)], params
+    # Optional: a row's own max_tokens (null: the call's), as benchmarks force lengths.
+    lengths = payload.get("max_tokens") or [None] * len(prompts)
+    if not isinstance(lengths, list) or len(lengths) != len(prompts) or not all(
+            n is None or (isinstance(n, int) and not isinstance(n, bool) and n > 0) for n in lengths):
+        raise BadRequest(f"max_tokens must be a list of positive ints or nulls, one per prompt, got {str(lengths)[:80]}")
+    return [Request(p, s, n) for p, s, n in zip(prompts, seeds, lengths)], params
 
 
 def parse_adapter(body: bytes) -> tuple[int, dict[str, bytes]]:
