@@ -65,17 +65,8 @@ def rollout_child(engine: str, threads: int, slots: int, refill_every: int, repe
                       forced_lengths=lengths)
         return jax.block_until_ready(out)
 
-    start = time.perf_counter()
-    out = run(0)
-    first = time.perf_counter() - start
+    out, first, times = timed_calls(run, lengths, repeats)
     np.save(tokens_out, np.asarray(out.tokens_BxC))
-    if not (np.asarray(out.mask_BxC).sum(axis=1) == lengths).all():
-        raise SystemExit("forced lengths were not honoured")
-    times = []
-    for seed in range(1, repeats + 1):
-        start = time.perf_counter()
-        run(seed)
-        times.append(time.perf_counter() - start)
     prefill, decode = sampler.lower(params, prompts, num_samples=GROUP, sampling=sampling, rng=jax.random.key(0))
     programs = {}
     for name, lowered in (("prefill", prefill), ("decode", decode)):
@@ -90,6 +81,25 @@ def rollout_child(engine: str, threads: int, slots: int, refill_every: int, repe
             "real_tokens": real, "real_tokens_per_s": round(real / median, 1),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "program_bytes_mb": {k: round(v / 2**20, 2) for k, v in programs.items()}}
+
+
+def timed_calls(run, lengths, repeats: int):
+    """(the warm-up call's output, its seconds, the seconds of `repeats` more calls): run(seed) for
+    seed 0 (warm-up: compiles, or sends an engine its weights) then 1..repeats, each timed; the
+    warm-up's rows must have exactly their forced `lengths`."""
+    import numpy as np
+
+    start = time.perf_counter()
+    out = run(0)
+    first = time.perf_counter() - start
+    if not (np.asarray(out.mask_BxC).sum(axis=1) == lengths).all():
+        raise SystemExit("forced lengths were not honoured")
+    times = []
+    for seed in range(1, repeats + 1):
+        start = time.perf_counter()
+        run(seed)
+        times.append(time.perf_counter() - start)
+    return out, first, times
 
 
 class _ForcedLengths:
@@ -131,10 +141,11 @@ def step_child(overrides: list[str], steps: int) -> dict:
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def _child(args: list[str]) -> dict:
+def _child(args: list, script: str = __file__) -> dict:
+    """`script --child ARGS` in a process of its own (its peak RSS is the configuration's); its last line, as JSON."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(args)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(args)], env=env, capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode:
         raise SystemExit(f"{args} failed:\n{proc.stderr[-4000:]}")

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,16 +73,7 @@ def w3_vllm_child(repeats: int) -> dict:
         return engine(params, prompts, num_samples=bench_rollout.GROUP, sampling=sampling, rng=jax.random.key(seed),
                       forced_lengths=lengths)
 
-    start = time.perf_counter()
-    out = run(0)  # the first call also sends the weights
-    first = time.perf_counter() - start
-    if not (out.mask_BxC.sum(axis=1) == lengths).all():
-        raise SystemExit("forced lengths were not honoured")
-    times = []
-    for seed in range(1, repeats + 1):
-        start = time.perf_counter()
-        run(seed)
-        times.append(time.perf_counter() - start)
+    _, first, times = bench_rollout.timed_calls(run, lengths, repeats)  # the first call also sends the weights
     median, real = statistics.median(times), int(lengths.sum())
     return {"engine": "vllm", "median_s": round(median, 3), "min_s": round(min(times), 3),
             "first_call_s": round(first, 2), "engine_start_s": round(engine_start, 1), "real_tokens": real,
@@ -91,13 +81,7 @@ def w3_vllm_child(repeats: int) -> dict:
 
 
 def _child(args: list) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(args)], env=env, capture_output=True,
-                          text=True, timeout=3600)
-    if proc.returncode:
-        raise SystemExit(f"{args} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return bench_rollout._child(args, script=__file__)
 
 
 def main(argv=None) -> int:
