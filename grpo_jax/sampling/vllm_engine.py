@@ -159,6 +159,9 @@ class VllmEngine:
     def sync_weights(self, params) -> None:
         """Sends `params` (the policy's full params, or `AdapterWeights`) into the engine now."""
         self._wake()
+        # The update that made `params` may still run (JAX dispatches asynchronously): the sync's
+        # time starts when they exist, so time/weight_sync is the copy alone, not the update too.
+        jax.block_until_ready(params.adapters if isinstance(params, AdapterWeights) else params)
         t0 = time.perf_counter()
         if isinstance(params, AdapterWeights):
             if not self._is_synced(self._synced_base, params.base):
