@@ -214,8 +214,9 @@ def test_rollout_devices_with_a_vllm_engine_are_refused_in_either_mode():
             apply_overrides(Config(), [*split, "sampling.engine=vllm", f"sampling.vllm_mode={mode}"])
         assert str(err.value).startswith("off_policy.rollout_devices=2 with sampling.engine=vllm")
         assert "off_policy.rollout_devices=0" in str(err.value)
-    # Without the split, asynchronous rollouts on vLLM are a valid config.
-    assert apply_overrides(Config(), ["sampling.engine=vllm", "off_policy.max_staleness=1"]).sampling.engine == "vllm"
+    # Without the split, asynchronous rollouts on vLLM are refused too (for now), naming the field.
+    with pytest.raises(ConfigError, match="off_policy.max_staleness=1 with sampling.engine=vllm"):
+        apply_overrides(Config(), ["sampling.engine=vllm", "off_policy.max_staleness=1"])
 
 
 def test_sections_build_their_engines_configs():

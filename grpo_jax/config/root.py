@@ -55,6 +55,11 @@ def validate(config: Config) -> None:
             f"off_policy.rollout_devices={config.off_policy.rollout_devices} with sampling.engine=vllm: vLLM places "
             "its own engine; give it devices of its own with sampling.vllm_mode=server, or set "
             "off_policy.rollout_devices=0")
+    if config.sampling.engine == "vllm" and config.off_policy.max_staleness:
+        raise ConfigError(
+            f"off_policy.max_staleness={config.off_policy.max_staleness} with sampling.engine=vllm: asynchronous "
+            "rollouts on a vLLM engine are not supported yet (an in-process engine crashed when synced from the "
+            "rollout thread); set off_policy.max_staleness=0")
     if config.lora.r and config.grpo.ref_resync_every:
         raise ConfigError(
             f"grpo.ref_resync_every={config.grpo.ref_resync_every} with lora.r={config.lora.r}: the reference is "
