@@ -417,7 +417,8 @@ def _run(args: argparse.Namespace) -> int:
         max_new_tokens=config.sampling.max_new_tokens, greedy=e_cfg.greedy,
         rng=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 10_000_000 + step),  # as train._Loop.evaluate
         batch_prompts=batch_prompts, processes=processes,
-        on_batch=_Progress(label) if processes.is_primary else None, samples=samples)
+        on_batch=_Progress(label) if processes.is_primary else None, samples=samples,
+        episode_limits=rollout.episode_limits(config))
     seconds = time.perf_counter() - t0
     summary = _summary(figures, samples, name=name, data_path=data_path, policy=policy, config=config,
                        num_questions=len(examples), seconds=seconds, config_file=args.config)

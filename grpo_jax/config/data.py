@@ -20,9 +20,19 @@ class TaskSection:
     # A data file's example whose prompt is longer than the sampler's largest prompt bucket: "skip"
     # (checked once at start-up, counted in a warning) or "error" (naming file and line).
     overlong_prompts: Literal["skip", "error"] = "skip"
+    # Episodes (grpo_jax.episodes): the environment each row is played against, by import path
+    # "pkg.module:Name" (a class or zero-argument factory making one environment per episode; an
+    # object with public tool methods and no `step` is wrapped as TRL's environment_factory); "" for
+    # single answers. max_turns: model turns per episode; max_tokens_per_turn: one turn's token budget
+    # (0: the total, sampling.max_new_tokens, which counts model and environment tokens together).
+    environment: str = ""
+    max_turns: int = 4
+    max_tokens_per_turn: int = 0
 
     def validate(self) -> None:
         check_fields(self)
+        positive(self, "max_turns")
+        nonnegative(self, "max_tokens_per_turn")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,18 +30,19 @@ from grpo_jax.training import length_buckets
 from grpo_jax.training import metric_rules
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.io import sample_view
+from grpo_jax.distributed import sharding
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.run_context import RunContext, RunState
 from grpo_jax.training.timing import ReadyAt
 
-_ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "logprobs")
+_ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "tool_mask", "logprobs")
 
 
 @dataclasses.dataclass
 class StepBatch:
     """Every row of one step's batch, host numpy, B = prompts_per_step * G rows in groups of G."""
 
-    arrays: dict[str, np.ndarray]  # prompt_tokens/prompt_mask [B, P], tokens/mask/logprobs [B, C]
+    arrays: dict[str, np.ndarray]  # prompt_tokens/prompt_mask [B, P], tokens/mask/tool_mask/logprobs [B, C]
     rewards: np.ndarray  # [B] float32 after the truncation rule; NaN where no reward function applied
     reward_parts: dict[str, np.ndarray]  # name -> [B], each function's own values
     lengths: np.ndarray  # [B] completion tokens, EOS included
@@ -73,15 +74,21 @@ def dispatch_round(ctx: RunContext, params, step: int, data_position: int, round
     slice of the `prompts_per_step` examples from `data_position`."""
     g = ctx.config.grpo
     examples = [ctx.task.train_example(data_position + i) for i in range(g.prompts_per_step)]
-    return rollout_lib.dispatch_rollout(
-        ctx.sampler,
-        params,
-        ctx.tokenizer,
-        examples[ctx.processes.prompt_slice(g.prompts_per_step)],
-        num_samples=g.num_generations,
-        sampling=ctx.rollout_sampling,
-        rng=jax.random.fold_in(ctx.step_key(step), round_index),
-    )
+    local = examples[ctx.processes.prompt_slice(g.prompts_per_step)]
+    rng = jax.random.fold_in(ctx.step_key(step), round_index)
+    factory = getattr(ctx.task, "environment_factory", None)
+    if factory is not None:  # episodes: played to their end here, turn by turn
+        return rollout_lib.play_rollout(ctx.sampler, params, ctx.tokenizer, local, environment_factory=factory,
+                                        limits=rollout_lib.episode_limits(ctx.config), num_samples=g.num_generations,
+                                        sampling=ctx.rollout_sampling, rng=rng, processes=ctx.processes,
+                                        row_multiple=_row_multiple(ctx))
+    return rollout_lib.dispatch_rollout(ctx.sampler, params, ctx.tokenizer, local, num_samples=g.num_generations,
+                                        sampling=ctx.rollout_sampling, rng=rng)
+
+
+def _row_multiple(ctx: RunContext) -> int:
+    mesh = getattr(ctx.sampler, "mesh", None)
+    return 1 if mesh is None else sharding.batch_size_multiple(mesh) // max(ctx.processes.count, 1)
 
 
 def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
@@ -229,7 +236,8 @@ def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, n
     rewards still count in their groups' baselines. `grpo.adv_estimator` picks the estimator
     (`advantage_estimators.estimator_advantages`); its lengths are the loss's real tokens per row."""
     g = ctx.config.grpo
-    completion_mask = batch.arrays["mask"].astype(np.int32)
+    # The model's own tokens train; an environment's tokens (episodes) are context only.
+    completion_mask = (batch.arrays["mask"] * batch.arrays["tool_mask"]).astype(np.int32)
     if g.mask_truncated_completions:
         completion_mask = completion_mask * (~batch.truncated)[:, None]
     per_func, weights = None, None

@@ -52,6 +52,9 @@ class PendingRollout:
     examples: list[dict]  # this process's prompts' examples, in row order
     num_samples: int
     dispatched_at: float  # time.perf_counter() when the sampler was called
+    # Multi-turn rollouts (the task has an environment): the played episodes; `sample` is then host
+    # numpy holding every turn and environment reply (`grpo_jax.episodes.rollout`).
+    episodes: Any = None
 
 
 @dataclasses.dataclass
@@ -66,7 +69,10 @@ class Rollout:
     reward_parts: dict[str, np.ndarray]  # name -> [R] float32, NaN for None
     lengths: np.ndarray  # [R] completion tokens (EOS included)
     truncated: np.ndarray  # [R] bool
-    arrays: dict[str, np.ndarray]  # prompt_tokens [R, P], prompt_mask [R, P], tokens, mask, logprobs [R, C]
+    # prompt_tokens [R, P], prompt_mask [R, P], tokens, mask, tool_mask, logprobs [R, C]. mask: every
+    # token after the prompt (what the update attends to); tool_mask: the model's own tokens (what it
+    # trains on), equal to mask for single answers and 0 on an environment's tokens in episodes.
+    arrays: dict[str, np.ndarray]
     tokens_ready_at: float  # time.perf_counter() when the samples were on the host
     reward_seconds: float = 0.0  # host time spent in the reward functions
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, averaged
@@ -90,6 +96,28 @@ def dispatch_rollout(
     return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0)
 
 
+def episode_limits(config):
+    """The configured episode limits (`task.max_turns`, `task.max_tokens_per_turn`)."""
+    from grpo_jax.episodes.rollout import EpisodeLimits
+
+    return EpisodeLimits(max_turns=config.task.max_turns, max_tokens_per_turn=config.task.max_tokens_per_turn)
+
+
+def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *, environment_factory,
+                 limits, num_samples: int, sampling: SamplingConfig, rng: jax.Array, processes=None,
+                 row_multiple: int = 1) -> PendingRollout:
+    """`dispatch_rollout` for a task with an environment: plays the episodes to their end (every turn
+    is a sampler call, and the environment answers on the host in between)."""
+    from grpo_jax.episodes.rollout import run_episodes
+
+    t0 = time.perf_counter()
+    sample, episodes = run_episodes(sampler, params, tokenizer, examples, environment_factory=environment_factory,
+                                    limits=limits, num_samples=num_samples, sampling=sampling, rng=rng,
+                                    encode_prompt=encode_prompt, processes=processes, row_multiple=row_multiple)
+    return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0,
+                          episodes=episodes)
+
+
 def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=None, timeout_s: float | None = None,
                   should_stop=None, max_steps: int | None = None) -> Rollout:
     """Reads this process's rows of a dispatched rollout, decodes them and runs the task's reward
@@ -110,11 +138,21 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
     truncated = sharding.process_rows(sample.truncated_B).astype(bool)
     tokens_ready_at = time.perf_counter()
     lengths = arrays["mask"].sum(axis=1).astype(np.int32)
-    completions = [tokenizer.decode(row[:n]) for row, n in zip(arrays["tokens"], lengths)]
+    episodes = pending.episodes
+    if episodes is None:
+        arrays["tool_mask"] = arrays["mask"]
+        completions = [tokenizer.decode(row[:n]) for row, n in zip(arrays["tokens"], lengths)]
+    else:
+        # An episode's answer is its last turn: what the model said, never the environment's text
+        # (a reward reading the whole episode could credit the model with a tool's result).
+        arrays["tool_mask"] = episodes.tool_mask
+        completions = [ep.turn_texts[-1] if ep.turn_texts else "" for ep in episodes.episodes]
     rep_examples = [ex for ex in pending.examples for _ in range(pending.num_samples)]
     prompts = [ex["prompt"] for ex in rep_examples]
     field_names = sorted({k for ex in pending.examples for k in ex if k != "prompt"})
     fields: dict[str, Any] = {k: [ex.get(k) for ex in rep_examples] for k in field_names}
+    if episodes is not None:
+        fields.update(episodes.fields())
     fields.update(truncated=truncated.tolist(), completion_lengths=lengths.tolist(), step=step,
                   completion_ids=[row[:n].tolist() for row, n in zip(arrays["tokens"], lengths)],
                   trainer_state=TrainerState(global_step=step, max_steps=max_steps))
@@ -135,7 +173,7 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
         arrays=arrays,
         tokens_ready_at=tokens_ready_at,
         reward_seconds=reward_seconds,
-        reward_metrics=reward_log.means(),
+        reward_metrics={**reward_log.means(), **(episodes.metrics() if episodes is not None else {})},
         reward_extra={c: v for c, v in reward_log.extra.items() if len(v) == len(completions)},
     )
 
@@ -157,6 +195,7 @@ def evaluate(
     processes: Processes | None = None,
     on_batch: Callable[[int, int], None] | None = None,
     samples: list[dict] | None = None,
+    episode_limits=None,
 ) -> dict[str, float]:
     """Held-out pass@1, pass@k, maj@k (n=`num_samples` per question) and greedy accuracy.
 
@@ -192,7 +231,7 @@ def evaluate(
             key = jax.random.fold_in(jax.random.fold_in(rng, mode_i), start)
             _check_batch(sampler, params, tokenizer, task, examples, start=start, batch_prompts=batch_prompts,
                          local=local, mode=mode, num_samples=n, sampling=sampling, rng=key, correct_QxN=correct_QxN,
-                         answers=answers, records=records)
+                         answers=answers, records=records, episode_limits=episode_limits)
             done_batches += 1
             if on_batch is not None:
                 on_batch(done_batches, total_batches)
@@ -214,22 +253,32 @@ def _eval_modes(num_samples: int, temperature: float, max_new_tokens: int, greed
 def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Sequence[dict], *, start: int,
                  batch_prompts: int, local: slice, mode: str, num_samples: int, sampling: SamplingConfig,
                  rng: jax.Array, correct_QxN: np.ndarray, answers: list[list[str | None]],
-                 records: dict[int, dict] | None) -> None:
+                 records: dict[int, dict] | None, episode_limits=None) -> None:
     """Samples questions [start, start + batch_prompts) and checks this process's answers (its
     `local` slice of the batch): fills their rows of `correct_QxN` and `answers`, and with
     `records` (not None) each question's record (`evaluate`'s `samples`)."""
     chunk = list(examples[start : start + batch_prompts])
     real = len(chunk)
     chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
-    prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
-    sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
+    factory = getattr(task, "environment_factory", None)
+    if factory is not None:  # episodes: the answer is the last turn (see score_rollout)
+        from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
+
+        sample, played = run_episodes(sampler, params, tokenizer, chunk[local], environment_factory=factory,
+                                      limits=episode_limits or EpisodeLimits(max_turns=4), num_samples=num_samples,
+                                      sampling=sampling, rng=rng, encode_prompt=encode_prompt)
+        texts = [ep.turn_texts[-1] if ep.turn_texts else "" for ep in played.episodes]
+    else:
+        prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
+        sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
+        texts = None
     tokens = sharding.process_rows(sample.tokens_BxC)
     lengths = sharding.process_rows(sample.mask_BxC).sum(axis=1)
     truncated = sharding.process_rows(sample.truncated_B).astype(bool)
     for q in range(local.start, min(real, local.stop)):
         for j in range(num_samples):
             row = (q - local.start) * num_samples + j
-            text = tokenizer.decode(tokens[row, : lengths[row]])
+            text = tokenizer.decode(tokens[row, : lengths[row]]) if texts is None else texts[row]
             ok = (not truncated[row]) and bool(task.eval_correct(text, chunk[q]))
             answer = None if truncated[row] else task.extract_answer(text)
             correct_QxN[start + q, j] = ok

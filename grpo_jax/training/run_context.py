@@ -261,7 +261,21 @@ def configured_task(config: config_lib.Config):
         task = make_task(config.task.name, **config.task.options)
     except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
         raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
-    return with_configured_rewards(config, task)
+    return with_configured_environment(config, with_configured_rewards(config, task))
+
+
+def with_configured_environment(config: config_lib.Config, task):
+    """`task` played as episodes against `task.environment` (an import path), if set."""
+    if not config.task.environment:
+        return task
+    from grpo_jax.episodes.task import with_environment
+    from grpo_jax.episodes.tools import make_environment_factory
+
+    try:
+        factory = make_environment_factory(config.task.environment)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"task.environment={config.task.environment!r}: {e}") from None
+    return with_environment(task, factory)
 
 
 def with_configured_rewards(config: config_lib.Config, task):
@@ -324,7 +338,10 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     `tokenizer` replace the configured ones."""
     t_cfg, s_cfg, e_cfg = config.train, config.sampling, config.eval
     tokenizer = tokenizer or configured_tokenizer(config)
-    task = with_configured_rewards(config, task) if task is not None else configured_task(config)
+    if task is None:
+        task = configured_task(config)
+    elif getattr(task, "environment_factory", None) is None:  # a task played as episodes keeps its own
+        task = with_configured_environment(config, with_configured_rewards(config, task))
     # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
     # skipped (or refused, naming file and line) before it can stop the run at the same step on
     # every resume. Counted as the rollout encodes prompts.

@@ -280,6 +280,7 @@ class _Loop:
             rng=jax.random.fold_in(ctx.base_key, 10_000_000 + step),
             batch_prompts=self.eval_batch_prompts,
             processes=ctx.processes,
+            episode_limits=rollout_lib.episode_limits(ctx.config),
         )
         res["time/eval"] = time.perf_counter() - t0
         self.evals.append({"step": step, **res})
