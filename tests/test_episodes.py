@@ -259,3 +259,31 @@ def test_a_chat_episode_is_the_chat_templates_rendering_of_its_messages_token_fo
     # The prompt was rendered with the environment's tools (the template lists them).
     assert engine.calls[0][0] == list(tok.apply_chat_template(question, tokenize=True, tools=SCHEMA))
     assert tok.apply_chat_template(question, tokenize=False, tools=SCHEMA).startswith("<|im_start|>system\nTools: multiply")
+
+
+class Slow:
+    """Takes 0.3 s to answer (a sandbox, a judge service), then ends the episode."""
+
+    def reset(self, **row):
+        return None
+
+    def step(self, turn):
+        import time
+
+        time.sleep(0.3)
+        return Reply(done=True)
+
+
+def test_environments_that_wait_wait_side_by_side(model, sampler):
+    """Four episodes whose environment takes 0.3 s each: with 4 workers the turn's answers take
+    about 0.3 s, not 1.2 s (the bound 0.9 s leaves 0.6 s for threads starting on a loaded machine)."""
+    import time
+
+    limits = EpisodeLimits(2, 3, workers=4)
+    kw = dict(environment_factory=Slow, limits=limits, num_samples=2, sampling=SamplingConfig(max_new_tokens=6),
+              rng=jax.random.key(0), encode_prompt=encode_prompt)
+    run_episodes(Recording(sampler), model[1], TOK, EXAMPLES, **kw)  # compiles
+    t0 = time.perf_counter()
+    _, played = run_episodes(Recording(sampler), model[1], TOK, EXAMPLES, **kw)
+    assert time.perf_counter() - t0 < 0.9
+    assert sum(ep.env_seconds for ep in played.episodes) >= 4 * 0.3

@@ -145,3 +145,48 @@ def test_lora_adapters_alone_go_over_and_sample_as_the_merged_policy(model_and_e
     finally:
         engine.backend.load_weights = load_weights
     assert len(sent) <= 1  # the base at most once (it may be the engine's already), never again
+
+
+class _Stopping:
+    """An engine whose every row stops after `length` tokens (forced_lengths: the last one eos), so
+    a random model's turns end and episodes go on to their next turn."""
+
+    def __init__(self, engine, length=3):
+        self.engine, self.length = engine, length
+        self.mesh, self.prompt_buckets = None, BUCKETS
+
+    def __call__(self, params, prompts, *, num_samples, **kw):
+        return self.engine(params, prompts, num_samples=num_samples,
+                           forced_lengths=[self.length] * (len(prompts) * num_samples), **kw)
+
+
+class _Equals:
+    """Replies "=" + the turn's digits reversed, twice, then ends the episode."""
+
+    def reset(self, **row):
+        self.turns = 0
+
+    def step(self, turn):
+        from grpo_jax.episodes import Reply
+
+        self.turns += 1
+        return Reply(done=True) if self.turns == 3 else Reply(text="=" + turn[::-1])
+
+
+def test_episodes_on_the_engine_equal_the_builtin_samplers_turn_for_turn(model_and_engine):
+    """The engine takes each turn's context (prompt, turns, the environment's replies) as its prompt;
+    greedy episodes are the built-in engine's, token for token, and their log-probs agree."""
+    from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
+    from grpo_jax.training.rollout import encode_prompt
+
+    graphdef, params, engine = model_and_engine
+    examples = [{"prompt": TOKENIZER.decode(p), "answer": ""} for p in PROMPTS[:2]]
+    kw = dict(environment_factory=_Equals, limits=EpisodeLimits(3, 3), num_samples=1,
+              sampling=SamplingConfig(max_new_tokens=20, greedy=True), rng=jax.random.PRNGKey(0),
+              encode_prompt=encode_prompt)
+    ours, our_eps = run_episodes(_Stopping(builtin_sampler(graphdef)), params, TOKENIZER, examples, **kw)
+    theirs, their_eps = run_episodes(_Stopping(engine), params, TOKENIZER, examples, **kw)
+    np.testing.assert_array_equal(ours.tokens_BxC, theirs.tokens_BxC)
+    np.testing.assert_array_equal(our_eps.tool_mask, their_eps.tool_mask)
+    assert [len(e.turn_texts) for e in their_eps.episodes] == [3, 3]
+    np.testing.assert_allclose(ours.logprobs_BxC, theirs.logprobs_BxC, atol=LOGPROB_ATOL)

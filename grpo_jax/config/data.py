@@ -28,10 +28,13 @@ class TaskSection:
     environment: str = ""
     max_turns: int = 4
     max_tokens_per_turn: int = 0
+    # Host threads the environments answer a turn on (each its own episode): environments that wait
+    # (a sandbox, a service) wait side by side. 1: one after another.
+    environment_workers: int = 8
 
     def validate(self) -> None:
         check_fields(self)
-        positive(self, "max_turns")
+        positive(self, "max_turns", "environment_workers")
         nonnegative(self, "max_tokens_per_turn")
 
 

@@ -31,6 +31,7 @@ plus its rendering of the new messages, and the episode counts it in `turns/reto
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -47,10 +48,13 @@ from grpo_jax.sampling.engine import SampleOutput, SamplingConfig, SamplingEngin
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimits:
     """max_turns: model turns per episode; max_tokens_per_turn: one turn's budget (0: the total);
-    the total budget is the sampling config's max_new_tokens."""
+    the total budget is the sampling config's max_new_tokens. workers: see below."""
 
     max_turns: int
     max_tokens_per_turn: int = 0
+    # Host threads the environments answer a turn's rows on: an environment that waits (a sandbox,
+    # a service) waits beside the others instead of after them. 1: one after another.
+    workers: int = 8
 
 
 @dataclasses.dataclass
@@ -175,9 +179,8 @@ def _call(sampler: SamplingEngine, params, contexts: list[list[int]], *, num_sam
 
 
 def _take_turn(ep: Episode, tokens: np.ndarray, logprobs: np.ndarray, length: int, stopped: bool, *,
-               total: int, tokenizer) -> list[int]:
-    """Appends the model's turn (its first `length` tokens, cut to what the total budget leaves) and
-    returns its ids; a turn that did not reach its stop token within either budget truncates the
+               total: int, tokenizer) -> None:
+    """Appends the model's turn (its first `length` tokens, cut to what the total budget leaves); a turn that did not reach its stop token within either budget truncates the
     episode."""
     room = total - len(ep.completion)
     keep = min(length, room)
@@ -188,10 +191,9 @@ def _take_turn(ep: Episode, tokens: np.ndarray, logprobs: np.ndarray, length: in
     ep.turn_texts.append(tokenizer.decode(ids))
     if not stopped or keep < length:
         ep.truncated, ep.done = True, True
-    return ids
 
 
-def _env_ids(ep: Episode, reply: Reply, turn_ids: list[int], tokenizer, tools, stop_ids: Sequence[int]) -> list[int]:
+def _env_ids(ep: Episode, reply: Reply, tokenizer, tools, stop_ids: Sequence[int]) -> list[int]:
     """The environment's tokens after the model's turn: the chat template's rendering of the new
     messages (see the module docstring for when the model's tokens are not the template's), or the
     reply's text encoded on its own for text prompts."""
@@ -213,7 +215,7 @@ def _env_ids(ep: Episode, reply: Reply, turn_ids: list[int], tokenizer, tools, s
     return closing + following[len(closed):]
 
 
-def _respond(ep: Episode, turn_ids: list[int], row: int, *, tokenizer, limits: EpisodeLimits, total: int,
+def _respond(ep: Episode, row: int, *, tokenizer, limits: EpisodeLimits, total: int,
              stop_ids: Sequence[int]) -> None:
     """The environment's answer to the turn just taken: its reward, whether the episode ends, and
     (when it goes on) its tokens appended to the context."""
@@ -233,7 +235,7 @@ def _respond(ep: Episode, turn_ids: list[int], row: int, *, tokenizer, limits: E
     if reply.done or len(ep.turn_texts) >= limits.max_turns:
         ep.done = True
         return
-    env_ids = _env_ids(ep, reply, turn_ids, tokenizer, getattr(ep.env, "tools_schema", None), stop_ids)
+    env_ids = _env_ids(ep, reply, tokenizer, getattr(ep.env, "tools_schema", None), stop_ids)
     room = total - len(ep.completion)
     if len(env_ids) >= room:  # no room left for the model to answer: the episode is cut here
         env_ids = env_ids[:room]
@@ -242,6 +244,18 @@ def _respond(ep: Episode, turn_ids: list[int], row: int, *, tokenizer, limits: E
     ep.logprobs.extend([0.0] * len(env_ids))
     ep.model_token.extend([False] * len(env_ids))
     ep.env_tokens += len(env_ids)
+
+
+def _answer_all(pool, turns: list[tuple[Episode, int]], **kw) -> None:
+    """Every environment's answer to its row's turn ((episode, row) each), on `pool`'s
+    threads when given. Each environment touches only its own episode, so the order they finish in
+    changes nothing; the first error in row order is the one raised."""
+    if pool is None:
+        for ep, row in turns:
+            _respond(ep, row, **kw)
+        return
+    for future in [pool.submit(_respond, ep, row, **kw) for ep, row in turns]:
+        future.result()
 
 
 def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *,
@@ -279,25 +293,28 @@ def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
                     pad_to=len(episodes))
     turn = 0
     active = list(range(count))
-    while True:
-        for i, r in enumerate(active):
-            ep = episodes[r]
-            length = int(out["mask"][i].sum())
-            ids = _take_turn(ep, out["tokens"][i], out["logprobs"][i], length, not out["truncated"][i],
-                             total=total, tokenizer=tokenizer)
-            _respond(ep, ids, r, tokenizer=tokenizer, limits=limits, total=total, stop_ids=stop_ids)
-        active = [r for r in range(count) if not episodes[r].done]
-        turn += 1
-        most = len(active)
-        if processes is not None and processes.count > 1:
-            most = int(processes.gather(np.array([len(active)], np.int64)).max())
-        if most == 0:
-            break
-        contexts = [episodes[r].context for r in active] or [episodes[0].context]  # an idle process still calls
-        out = _call(sampler, params, contexts, num_samples=1, sampling=turn_sampling,
-                    rng=jax.random.fold_in(rng, turn), pad_to=_pad_count(most, row_multiple))
-        if not active:
-            out = {k: v[:0] for k, v in out.items()}
+    pool = concurrent.futures.ThreadPoolExecutor(limits.workers) if limits.workers > 1 else None
+    try:
+        while True:
+            for i, r in enumerate(active):
+                _take_turn(episodes[r], out["tokens"][i], out["logprobs"][i], int(out["mask"][i].sum()),
+                           not out["truncated"][i], total=total, tokenizer=tokenizer)
+            _answer_all(pool, [(episodes[r], r) for r in active], tokenizer=tokenizer, limits=limits, total=total,
+                        stop_ids=stop_ids)
+            active = [r for r in range(count) if not episodes[r].done]
+            turn += 1
+            most = len(active)
+            if processes is not None and processes.count > 1:
+                most = int(processes.gather(np.array([len(active)], np.int64)).max())
+            if most == 0:
+                break
+            # A process with no row playing still takes part in the call (with a copy of a context).
+            contexts = [episodes[r].context for r in active] or [episodes[0].context]
+            out = _call(sampler, params, contexts, num_samples=1, sampling=turn_sampling,
+                        rng=jax.random.fold_in(rng, turn), pad_to=_pad_count(most, row_multiple))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     return _as_sample(episodes, tokenizer, total, getattr(sampler, "prompt_buckets", None))
 
 

@@ -100,7 +100,9 @@ def episode_limits(config):
     """The configured episode limits (`task.max_turns`, `task.max_tokens_per_turn`)."""
     from grpo_jax.episodes.rollout import EpisodeLimits
 
-    return EpisodeLimits(max_turns=config.task.max_turns, max_tokens_per_turn=config.task.max_tokens_per_turn)
+    task = config.task
+    return EpisodeLimits(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens_per_turn,
+                         workers=task.environment_workers)
 
 
 def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *, environment_factory,
