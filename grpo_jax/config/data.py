@@ -26,6 +26,11 @@ class TaskSection:
     # single answers. max_turns: model turns per episode; max_tokens_per_turn: one turn's token budget
     # (0: the total, sampling.max_new_tokens, which counts model and environment tokens together).
     environment: str = ""
+    # Or TRL's tools=: plain functions by import path, each episode a tool environment over them
+    # (grpo_jax.episodes.tools). tool_call_parser: how a turn's tool calls are written, "hermes"
+    # (Qwen2.5 / Qwen3 <tool_call> JSON) or "llama3" (Llama 3.1 JSON); "auto" reads the chat template.
+    tools: tuple[str, ...] = ()
+    tool_call_parser: Literal["auto", "hermes", "llama3"] = "auto"
     max_turns: int = 4
     max_tokens_per_turn: int = 0
     # Host threads the environments answer a turn on (each its own episode): environments that wait
@@ -35,6 +40,9 @@ class TaskSection:
     def validate(self) -> None:
         check_fields(self)
         positive(self, "max_turns", "environment_workers")
+        if self.environment and self.tools:
+            raise ConfigError(f"task.environment={self.environment!r} and task.tools={list(self.tools)}: give one "
+                              "(an environment class with tool methods covers both)")
         nonnegative(self, "max_tokens_per_turn")
 
 

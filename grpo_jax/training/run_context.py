@@ -255,26 +255,43 @@ def configured_tokenizer(config: config_lib.Config):
     return tokenizer
 
 
-def configured_task(config: config_lib.Config):
-    """The configured task; unknown names or options, and unreadable data, are ConfigErrors."""
+def configured_task(config: config_lib.Config, tokenizer=None):
+    """The configured task; unknown names or options, and unreadable data, are ConfigErrors.
+    `tokenizer`: whose chat template says how tools are called (`task.tool_call_parser="auto"`)."""
     try:
         task = make_task(config.task.name, **config.task.options)
     except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
         raise config_lib.ConfigError(f"task {config.task.name!r} (task.options={config.task.options}): {e}") from None
-    return with_configured_environment(config, with_configured_rewards(config, task))
+    return with_configured_environment(config, with_configured_rewards(config, task), tokenizer)
 
 
-def with_configured_environment(config: config_lib.Config, task):
-    """`task` played as episodes against `task.environment` (an import path), if set."""
-    if not config.task.environment:
+def tool_call_parser(config: config_lib.Config, tokenizer) -> str:
+    """`task.tool_call_parser`, "auto" read off the tokenizer's chat template (text prompts, or a
+    template that shows no tool-call format: "hermes")."""
+    from grpo_jax.episodes.tool_calls import tool_family_for
+
+    if config.task.tool_call_parser != "auto":
+        return config.task.tool_call_parser
+    templates = getattr(tokenizer, "chat_templates", None)
+    try:
+        return tool_family_for(templates.select(tools=[]) if templates is not None else None)
+    except ValueError:
+        return "hermes"
+
+
+def with_configured_environment(config: config_lib.Config, task, tokenizer=None):
+    """`task` played as episodes against `task.environment` or over `task.tools` (import paths), if set."""
+    spec = config.task.environment or list(config.task.tools)
+    if not spec:
         return task
     from grpo_jax.episodes.task import with_environment
     from grpo_jax.episodes.tools import make_environment_factory
 
+    field = "task.environment" if config.task.environment else "task.tools"
     try:
-        factory = make_environment_factory(config.task.environment)
+        factory = make_environment_factory(spec, family=tool_call_parser(config, tokenizer))
     except ValueError as e:
-        raise config_lib.ConfigError(f"task.environment={config.task.environment!r}: {e}") from None
+        raise config_lib.ConfigError(f"{field}={spec!r}: {e}") from None
     return with_environment(task, factory)
 
 
@@ -339,9 +356,9 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     t_cfg, s_cfg, e_cfg = config.train, config.sampling, config.eval
     tokenizer = tokenizer or configured_tokenizer(config)
     if task is None:
-        task = configured_task(config)
+        task = configured_task(config, tokenizer)
     elif getattr(task, "environment_factory", None) is None:  # a task played as episodes keeps its own
-        task = with_configured_environment(config, with_configured_rewards(config, task))
+        task = with_configured_environment(config, with_configured_rewards(config, task), tokenizer)
     # Data sets with a finite list of examples are checked once, here, so an over-long prompt is
     # skipped (or refused, naming file and line) before it can stop the run at the same step on
     # every resume. Counted as the rollout encodes prompts.
