@@ -148,16 +148,23 @@ def test_lora_adapters_alone_go_over_and_sample_as_the_merged_policy(model_and_e
 
 
 class _Stopping:
-    """An engine whose every row stops after `length` tokens (forced_lengths: the last one eos), so
-    a random model's turns end and episodes go on to their next turn."""
+    """An engine whose every turn ends after `length` tokens: the last one is made the stop id (a
+    random model rarely samples it), for both engines alike, so episodes go on to their next turn.
+    Only the turn's tokens change; each engine's log-probs stay its own."""
 
     def __init__(self, engine, length=3):
         self.engine, self.length = engine, length
         self.mesh, self.prompt_buckets = None, BUCKETS
 
-    def __call__(self, params, prompts, *, num_samples, **kw):
-        return self.engine(params, prompts, num_samples=num_samples,
-                           forced_lengths=[self.length] * (len(prompts) * num_samples), **kw)
+    def __call__(self, params, prompts, *, num_samples, sampling, **kw):
+        import dataclasses
+
+        out = self.engine(params, prompts, num_samples=num_samples,
+                          sampling=dataclasses.replace(sampling, max_new_tokens=self.length), **kw)
+        tokens = np.array(out.tokens_BxC)
+        tokens[:, self.length - 1] = TOKENIZER.eos_id
+        return dataclasses.replace(out, tokens_BxC=tokens, mask_BxC=np.ones_like(tokens),
+                                   truncated_B=np.zeros(tokens.shape[0], bool), logprobs_BxC=np.array(out.logprobs_BxC))
 
 
 class _Equals:

@@ -416,9 +416,8 @@ def _run(args: argparse.Namespace) -> int:
         num_samples=e_cfg.num_samples, ks=e_cfg.ks, temperature=e_cfg.temperature,
         max_new_tokens=config.sampling.max_new_tokens, greedy=e_cfg.greedy,
         rng=jax.random.fold_in(jax.random.PRNGKey(config.train.seed), 10_000_000 + step),  # as train._Loop.evaluate
-        batch_prompts=batch_prompts, processes=processes,
-        on_batch=_Progress(label) if processes.is_primary else None, samples=samples,
-        episode_limits=rollout.episode_limits(config))
+        batch_prompts=batch_prompts, processes=processes, episode_limits=rollout.episode_limits(config),
+        on_batch=_Progress(label) if processes.is_primary else None, samples=samples)
     seconds = time.perf_counter() - t0
     summary = _summary(figures, samples, name=name, data_path=data_path, policy=policy, config=config,
                        num_questions=len(examples), seconds=seconds, config_file=args.config)

@@ -100,6 +100,18 @@ class EpisodeBatch:
             "turn_texts": [list(e.turn_texts) for e in eps],
         }
 
+    def close(self) -> None:
+        """Closes every environment that has a `close` (a remote session, a sandbox), once its
+        episode is scored; an error there is the environment's and is raised naming it."""
+        for row, ep in enumerate(self.episodes):
+            close = getattr(ep.env, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as e:  # noqa: BLE001 - the user's environment
+                    raise EpisodeError(f"environment {_env_name(ep.env)}.close on row {row} raised "
+                                       f"{type(e).__name__}: {e}") from e
+
     def metrics(self) -> dict[str, float]:
         """Per-episode means: turns, tool calls and errors (a tool environment counts them),
         environment tokens, host seconds in the environment, and re-rendered turns."""

@@ -80,6 +80,12 @@ class ToolEnvironment:
         reset = getattr(self.env, "reset", None)
         return reset(**row) if callable(reset) else None
 
+    def close(self) -> None:
+        """The wrapped environment's `close`, if it has one (the episode is over and scored)."""
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
+
     def step(self, turn: str) -> Reply:
         calls = parse_tool_calls(turn, self.family)
         if not calls:

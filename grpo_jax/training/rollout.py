@@ -164,6 +164,8 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
     rewards, parts = compute_rewards(task.reward_fns(), prompts, completions, fields, pool=pool,
                                      timeout_s=timeout_s, should_stop=should_stop)
     reward_seconds = time.perf_counter() - t0
+    if episodes is not None:  # scored: the environments' sessions can end
+        episodes.close()
     return Rollout(
         examples=rep_examples,
         prompts=prompts,
@@ -270,6 +272,7 @@ def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Seq
                                       limits=episode_limits or EpisodeLimits(max_turns=4), num_samples=num_samples,
                                       sampling=sampling, rng=rng, encode_prompt=encode_prompt)
         texts = [ep.turn_texts[-1] if ep.turn_texts else "" for ep in played.episodes]
+        played.close()
     else:
         prompt_ids = [encode_prompt(tokenizer, ex["prompt"]) for ex in chunk[local]]
         sample = sampler(params, prompt_ids, num_samples=num_samples, sampling=sampling, rng=rng)
