@@ -287,3 +287,32 @@ def test_environments_that_wait_wait_side_by_side(model, sampler):
     _, played = run_episodes(Recording(sampler), model[1], TOK, EXAMPLES, **kw)
     assert time.perf_counter() - t0 < 0.9
     assert sum(ep.env_seconds for ep in played.episodes) >= 4 * 0.3
+
+
+def test_the_readmes_environment_and_tool_work_as_written(tmp_path):
+    """README's my_envs.py, run as a user would: the feedback game's replies and reward, and the
+    tool's schema and call through a tool environment."""
+    import pathlib
+    import re
+    import sys
+
+    from grpo_jax.episodes import make_environment_factory
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(# my_envs\.py\nfrom grpo_jax\.episodes import Reply\n.*?)```", readme, re.S).group(1)
+    (tmp_path / "my_envs.py").write_text(code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        game = make_environment_factory("my_envs:GuessTheNumber")()
+        game.reset(prompt="guess", answer="42")
+        assert game.step("17").messages[0]["content"] == "higher"
+        assert game.step("abc").messages[0]["content"] == "not a number"
+        last = game.step("42")
+        assert last.done and abs(last.reward - 0.8) < 1e-12  # third guess: 1 - 0.1 * 2
+        tools = make_environment_factory(["my_envs:multiply"])()
+        assert tools.tools_schema[0]["function"]["parameters"]["required"] == ["a", "b"]
+        reply = tools.step('<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>')
+        assert reply.messages[0]["content"] == "408" and not reply.done
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_envs", None)
