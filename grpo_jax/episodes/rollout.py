@@ -272,15 +272,19 @@ def _answer_all(pool, turns: list[tuple[Episode, int]], **kw) -> None:
 
 def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *,
                  environment_factory: Callable[[], Any], limits: EpisodeLimits, num_samples: int,
-                 sampling: SamplingConfig, rng: jax.Array, encode_prompt: Callable, processes=None,
-                 row_multiple: int = 1) -> tuple[SampleOutput, EpisodeBatch]:
+                 sampling: SamplingConfig, rng: jax.Array, encode_prompt: Callable, processes=None
+                 ) -> tuple[SampleOutput, EpisodeBatch]:
     """Plays `num_samples` episodes per example (row r: example r // num_samples) to the end and
     returns them as the engine's `SampleOutput` (host numpy, this process's rows; prompt columns
     left-padded to the first turn's bucket) and the `EpisodeBatch` (environments, tool_mask).
 
     `processes` (several processes): every process takes part in every turn's call, padded to the
-    same row count, until no process has a row playing. `row_multiple`: the mesh's row multiple."""
+    same row count (a multiple of the engine's mesh rows per process), until no process has a row
+    playing."""
     total = sampling.max_new_tokens
+    mesh = getattr(sampler, "mesh", None)
+    row_multiple = 1 if mesh is None else max(1, sharding.batch_size_multiple(mesh) // max(
+        processes.count if processes is not None else 1, 1))
     per_turn = min(limits.max_tokens_per_turn or total, total)
     turn_sampling = dataclasses.replace(sampling, max_new_tokens=per_turn)
     episodes = []

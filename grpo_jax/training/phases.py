@@ -30,7 +30,6 @@ from grpo_jax.training import length_buckets
 from grpo_jax.training import metric_rules
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.io import sample_view
-from grpo_jax.distributed import sharding
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.run_context import RunContext, RunState
 from grpo_jax.training.timing import ReadyAt
@@ -80,15 +79,9 @@ def dispatch_round(ctx: RunContext, params, step: int, data_position: int, round
     if factory is not None:  # episodes: played to their end here, turn by turn
         return rollout_lib.play_rollout(ctx.sampler, params, ctx.tokenizer, local, environment_factory=factory,
                                         limits=rollout_lib.episode_limits(ctx.config), num_samples=g.num_generations,
-                                        sampling=ctx.rollout_sampling, rng=rng, processes=ctx.processes,
-                                        row_multiple=_row_multiple(ctx))
+                                        sampling=ctx.rollout_sampling, rng=rng, processes=ctx.processes)
     return rollout_lib.dispatch_rollout(ctx.sampler, params, ctx.tokenizer, local, num_samples=g.num_generations,
                                         sampling=ctx.rollout_sampling, rng=rng)
-
-
-def _row_multiple(ctx: RunContext) -> int:
-    mesh = getattr(ctx.sampler, "mesh", None)
-    return 1 if mesh is None else sharding.batch_size_multiple(mesh) // max(ctx.processes.count, 1)
 
 
 def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:

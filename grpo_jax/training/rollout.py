@@ -106,8 +106,7 @@ def episode_limits(config):
 
 
 def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *, environment_factory,
-                 limits, num_samples: int, sampling: SamplingConfig, rng: jax.Array, processes=None,
-                 row_multiple: int = 1) -> PendingRollout:
+                 limits, num_samples: int, sampling: SamplingConfig, rng: jax.Array, processes=None) -> PendingRollout:
     """`dispatch_rollout` for a task with an environment: plays the episodes to their end (every turn
     is a sampler call, and the environment answers on the host in between)."""
     from grpo_jax.episodes.rollout import run_episodes
@@ -115,7 +114,7 @@ def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
     t0 = time.perf_counter()
     sample, episodes = run_episodes(sampler, params, tokenizer, examples, environment_factory=environment_factory,
                                     limits=limits, num_samples=num_samples, sampling=sampling, rng=rng,
-                                    encode_prompt=encode_prompt, processes=processes, row_multiple=row_multiple)
+                                    encode_prompt=encode_prompt, processes=processes)
     return PendingRollout(sample=sample, examples=list(examples), num_samples=num_samples, dispatched_at=t0,
                           episodes=episodes)
 
@@ -235,7 +234,7 @@ def evaluate(
             key = jax.random.fold_in(jax.random.fold_in(rng, mode_i), start)
             _check_batch(sampler, params, tokenizer, task, examples, start=start, batch_prompts=batch_prompts,
                          local=local, mode=mode, num_samples=n, sampling=sampling, rng=key, correct_QxN=correct_QxN,
-                         answers=answers, records=records, episode_limits=episode_limits)
+                         answers=answers, records=records, episode_limits=episode_limits, processes=processes)
             done_batches += 1
             if on_batch is not None:
                 on_batch(done_batches, total_batches)
@@ -257,7 +256,7 @@ def _eval_modes(num_samples: int, temperature: float, max_new_tokens: int, greed
 def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Sequence[dict], *, start: int,
                  batch_prompts: int, local: slice, mode: str, num_samples: int, sampling: SamplingConfig,
                  rng: jax.Array, correct_QxN: np.ndarray, answers: list[list[str | None]],
-                 records: dict[int, dict] | None, episode_limits=None) -> None:
+                 records: dict[int, dict] | None, episode_limits=None, processes: Processes | None = None) -> None:
     """Samples questions [start, start + batch_prompts) and checks this process's answers (its
     `local` slice of the batch): fills their rows of `correct_QxN` and `answers`, and with
     `records` (not None) each question's record (`evaluate`'s `samples`)."""
@@ -270,7 +269,7 @@ def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Seq
 
         sample, played = run_episodes(sampler, params, tokenizer, chunk[local], environment_factory=factory,
                                       limits=episode_limits or EpisodeLimits(max_turns=4), num_samples=num_samples,
-                                      sampling=sampling, rng=rng, encode_prompt=encode_prompt)
+                                      sampling=sampling, rng=rng, encode_prompt=encode_prompt, processes=processes)
         texts = [ep.turn_texts[-1] if ep.turn_texts else "" for ep in played.episodes]
         played.close()
     else:
