@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--eval", action="store_true", help="held-out eval at steps 0 and the last")
     parser.add_argument("--dynamic", action="store_true", help="DAPO dynamic sampling (2 resample rounds)")
+    parser.add_argument("--episodes", action="store_true",
+                        help="play each row as an episode of up to 3 turns against test_episodes_train's environment")
     parser.add_argument("--sft", type=int, default=0, help="SFT warm-up steps (batch 4)")
     parser.add_argument("--sigterm-at", type=int, default=0,
                         help="process 1 (only) sends itself SIGTERM while scoring this step, as a preempted VM")
@@ -130,6 +132,15 @@ def main(argv=None) -> int:
     if args.eval:
         cfg = dataclasses.replace(cfg, eval=EvalSection(every=0, num_questions=8, num_samples=2, ks=(1, 2)))
         task = _lenient_task()
+    if args.episodes:
+        from grpo_jax.episodes import with_environment
+        from test_episodes_train import AskThenAnswer
+
+        # Turns of at most 4 tokens in 12: a random model stops within 4 tokens in about 1 row in 4,
+        # so later turns play on a varying number of rows (padded differently on 1 and 8 devices).
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, max_turns=3, max_tokens_per_turn=4),
+                                  sampling=dataclasses.replace(cfg.sampling, max_new_tokens=12))
+        task = with_environment(task, AskThenAnswer)
     result = train.run(cfg, task=task, resume=args.resume)
     out = {"process_index": jax.process_index(), "process_count": jax.process_count(),
            "device_count": jax.device_count(), "step": result.step, "stopped_by": result.stopped_by,

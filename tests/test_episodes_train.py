@@ -35,7 +35,7 @@ def test_a_two_turn_episode_trains_on_its_answer_turn(tmp_path):
     result = train.run(cfg, task=with_environment(SevensTask(), AskThenAnswer))
     rows = [row for row in result.history if "reward" in row]
     assert len(rows) == 30
-    for key in ("turns/mean", "turns/max", "tools/calls", "episode/env_tokens", "episode/length",
+    for key in ("turns/mean", "turns/max", "tools/calls", "episode/env_tokens", "turns/retokenized",
                 "time/environment", "rewards/sevens/mean", "kl", "grad_norm"):
         assert key in rows[-1], key
     # Random init writes a 7 about 1 time in 14 (of 4 scored characters: ~0.07); the answer turn learns.

@@ -9,6 +9,7 @@ held-out evaluation (at steps 0 and 2) included.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -191,6 +192,21 @@ def test_two_processes_run_dynamic_sampling_and_the_sft_warm_up_as_one_process(t
     assert r0["history"] == r1["history"]
     assert any(row["dynamic_sampling/rounds"] > 1 for row in ref["history"])  # resampling happened
     _same_rows(r0["history"], ref["history"])
+
+
+@pytest.mark.slow  # ~40 s
+def test_two_processes_play_episodes_to_the_end_together(tmp_path):
+    """Each process plays its prompts' episodes; a turn's call runs on every process (padded to the
+    same rows) until no process has a row playing, so turn counts that differ between processes
+    cannot leave one waiting alone. Both processes write the same rows. (A later turn's rows are
+    keyed by their place in that turn's call, which depends on the process layout: the samples are
+    one process's on any number of devices, tests/test_train_devices.py, not across processes.)"""
+    r0, r1 = _run_pair(tmp_path, "p", tmp_path / "multi", "--episodes")
+    assert r0["history"] == r1["history"]
+    assert [row["step"] for row in r0["history"]] == [1, 2]
+    assert any(row.get("turns/max", 0) > 1 for row in r0["history"])
+    for row in r0["history"]:
+        assert all(math.isfinite(row[k]) for k in ("loss", "reward", "turns/mean", "grad_norm")), row
 
 
 @pytest.mark.slow

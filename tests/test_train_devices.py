@@ -22,12 +22,12 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 
 
-def _run(tmp_path, devices: int) -> dict:
+def _run(tmp_path, devices: int, *flags: str) -> dict:
     out = tmp_path / f"d{devices}.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0")
     proc = subprocess.run([sys.executable, str(TESTS / "multihost_train_check.py"), str(out), "--run-dir",
-                           str(tmp_path / f"run{devices}"), "--eval"], env=env, cwd=REPO, capture_output=True,
+                           str(tmp_path / f"run{devices}"), "--eval", *flags], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -49,3 +49,18 @@ def test_eight_devices_on_one_process_match_one_device(tmp_path):
         for k in ("loss", "kl", "entropy", "grad_norm", "clip_ratio/region_mean", "ratio/max"):
             if k in want:
                 assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
+
+
+def test_episodes_on_eight_devices_match_one_device(tmp_path):
+    """Episodes: each later turn is a call on the rows still playing, padded to a multiple of the 8
+    devices (of a power of two on one device); per-row keys make the samples the same, so the
+    episodes, rewards and turn counts are equal and the update agrees to summation order."""
+    one, eight = _run(tmp_path, 1, "--episodes"), _run(tmp_path, 8, "--episodes")
+    for got, want in zip(eight["history"], one["history"]):
+        for k in ("reward", "completions/mean_length", "turns/mean", "turns/max", "episode/env_tokens"):
+            if k in want:
+                assert got[k] == want[k], (got["step"], k)
+        for k in ("loss", "kl", "grad_norm"):
+            if k in want:
+                assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
+    assert any(row.get("turns/max", 0) > 1 for row in one["history"]), one["history"]

@@ -8,8 +8,11 @@ lengths of tool episodes costs less than holding every row's decode slot while t
 
 The first turn is the single-answer rollout's own call (the G rows of a prompt share its prefill and
 the same seed), so with `max_turns=1` an episode is exactly the single-answer sample. Later turns
-sample each row once from `fold_in(rng, turn)`; the row count is padded to a power of two so the
-engine compiles a handful of shapes, not one per count.
+sample each row once from `fold_in(rng, turn)`, keyed (as engines key rows) by the row's place in
+the turn's call: the rows still playing in order, padded to a power of two so the engine compiles a
+handful of shapes, not one per count. That place is the same on any number of devices of one
+process; with several processes each process's rows come first in its own slice, so later turns
+sample differently from a one-process run (as validly; every process agrees on the step).
 
 What an episode leaves for training, per row, over the completion columns C =
 `sampling.max_new_tokens` (the total budget: model and environment tokens together, as TRL's
@@ -87,6 +90,7 @@ class EpisodeBatch:
 
     episodes: list[Episode]
     tool_mask: np.ndarray  # [R, C] int32, 1 on model tokens
+    environment_seconds: float = 0.0  # wall time the environments took (their threads overlap)
 
     def fields(self) -> dict[str, list]:
         """What reward functions get besides the example's fields: the environment objects
@@ -112,25 +116,31 @@ class EpisodeBatch:
                     raise EpisodeError(f"environment {_env_name(ep.env)}.close on row {row} raised "
                                        f"{type(e).__name__}: {e}") from e
 
-    def metrics(self) -> dict[str, float]:
-        """Per-episode means: turns, tool calls and errors (a tool environment counts them),
-        environment tokens, host seconds in the environment, and re-rendered turns."""
+    def row_values(self) -> dict[str, np.ndarray]:
+        """Per episode, in row order: its model turns, tool calls and tool errors (a tool
+        environment counts them), environment tokens, re-rendered turns (see the module docstring)."""
         eps = self.episodes
-        turns = np.array([len(e.turn_texts) for e in eps], np.float64)
-
-        def mean(values):
-            return float(np.mean(values)) if len(values) else 0.0
-
         return {
-            "turns/mean": mean(turns),
-            "turns/max": float(turns.max()) if len(turns) else 0.0,
-            "tools/calls": mean([getattr(e.env, "tool_calls", 0) for e in eps]),
-            "tools/errors": mean([getattr(e.env, "tool_errors", 0) for e in eps]),
-            "episode/env_tokens": mean([e.env_tokens for e in eps]),
-            "episode/length": mean([len(e.completion) for e in eps]),
-            "time/environment": float(sum(e.env_seconds for e in eps)),
-            "turns/retokenized": mean([e.retokenized for e in eps]),
+            "turns": np.array([len(e.turn_texts) for e in eps], np.float32),
+            "tool_calls": np.array([getattr(e.env, "tool_calls", 0) for e in eps], np.float32),
+            "tool_errors": np.array([getattr(e.env, "tool_errors", 0) for e in eps], np.float32),
+            "env_tokens": np.array([e.env_tokens for e in eps], np.float32),
+            "retokenized": np.array([e.retokenized for e in eps], np.float32),
         }
+
+
+def episode_metrics(rows: dict[str, np.ndarray], environment_seconds: float) -> dict[str, float]:
+    """A batch's episode metrics from its rows' `EpisodeBatch.row_values` (every process's):
+    means per episode, the longest episode in turns, and the seconds the environments took."""
+    return {
+        "turns/mean": float(rows["turns"].mean()),
+        "turns/max": float(rows["turns"].max()),
+        "tools/calls": float(rows["tool_calls"].mean()),
+        "tools/errors": float(rows["tool_errors"].mean()),
+        "episode/env_tokens": float(rows["env_tokens"].mean()),
+        "turns/retokenized": float(rows["retokenized"].mean()),
+        "time/environment": float(environment_seconds),
+    }
 
 
 def _render(tokenizer, conversation: list[dict], *, generation: bool, tools) -> list[int]:
@@ -307,7 +317,7 @@ def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
     else:
         out = _call(sampler, params, [e.context for e in episodes], num_samples=1, sampling=turn_sampling, rng=rng,
                     pad_to=len(episodes))
-    turn = 0
+    turn, environment_seconds = 0, 0.0
     active = list(range(count))
     pool = concurrent.futures.ThreadPoolExecutor(limits.workers) if limits.workers > 1 else None
     try:
@@ -315,8 +325,10 @@ def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
             for i, r in enumerate(active):
                 _take_turn(episodes[r], out["tokens"][i], out["logprobs"][i], int(out["mask"][i].sum()),
                            not out["truncated"][i], total=total, tokenizer=tokenizer)
+            t0 = time.perf_counter()
             _answer_all(pool, [(episodes[r], r) for r in active], tokenizer=tokenizer, limits=limits, total=total,
                         stop_ids=stop_ids)
+            environment_seconds += time.perf_counter() - t0
             active = [r for r in range(count) if not episodes[r].done]
             turn += 1
             most = len(active)
@@ -331,7 +343,9 @@ def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    return _as_sample(episodes, tokenizer, total, getattr(sampler, "prompt_buckets", None))
+    sample, batch = _as_sample(episodes, tokenizer, total, getattr(sampler, "prompt_buckets", None))
+    batch.environment_seconds = environment_seconds
+    return sample, batch
 
 
 def _as_sample(episodes: list[Episode], tokenizer, total: int, buckets) -> tuple[SampleOutput, EpisodeBatch]:

@@ -56,6 +56,7 @@ class StepBatch:
     # [B] bool: a reward function scored it above 0, and the truncation rule ("at_most_zero") made it 0.
     zeroed_by_truncation: np.ndarray | None = None
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
+    episode_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # turns, tools (every process's)
 
 
 def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np.ndarray:
@@ -136,6 +137,7 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
             "arrays": {name: processes.gather(ro.arrays[name]) for name in _ROW_ARRAYS},
+            **_gathered_episodes(processes, ro.episodes),
         }))
         all_rewards = np.concatenate([r["rewards"] for _, r in rounds])
         chosen, informative = select_groups(all_rewards, G, B, g.dynamic_sampling)
@@ -144,6 +146,16 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
         pending = dispatch_round(ctx, params, step, data_position, len(rounds))
         data_position += B
     return _chosen_batch(ctx, step, rounds, chosen, all_rewards, device_start, data_position)
+
+
+def _gathered_episodes(processes, episodes) -> dict:
+    """A round's episode rows (every process's) and the environments' wall seconds (the slowest
+    process's); nothing for single answers."""
+    if episodes is None:
+        return {}
+    seconds = processes.gather(np.array([episodes.environment_seconds], np.float64)).max()
+    return {"episode_rows": {k: processes.gather(v) for k, v in episodes.row_values().items()},
+            "environment_seconds": float(seconds)}
 
 
 def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], all_rewards: np.ndarray,
@@ -184,7 +196,19 @@ def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], a
         data_position=data_position,
         zeroed_by_truncation=pick("zeroed"),
         reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
+        episode_metrics=_episode_metrics(rounds, row_index),
     )
+
+
+def _episode_metrics(rounds: list, row_index: np.ndarray) -> dict[str, float]:
+    """The chosen rows' episode metrics (`episodes.rollout.episode_metrics`); {} for single answers."""
+    if "episode_rows" not in rounds[0][1]:
+        return {}
+    from grpo_jax.episodes.rollout import episode_metrics
+
+    rows = {k: np.concatenate([r["episode_rows"][k] for _, r in rounds])[row_index]
+            for k in rounds[0][1]["episode_rows"]}
+    return episode_metrics(rows, sum(r["environment_seconds"] for _, r in rounds))
 
 
 def _sample_log(ctx: RunContext, step: int, rollouts: list, row_index: np.ndarray, rewards: np.ndarray,
@@ -407,6 +431,7 @@ def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
         metrics["dynamic_sampling/sampled_reward"] = batch.sampled["reward"]
         metrics["dynamic_sampling/sampled_frac_reward_zero_std"] = batch.sampled["frac_reward_zero_std"]
     metrics.update(batch.reward_metrics)  # what reward functions logged with log_metric, by their names
+    metrics.update(batch.episode_metrics)
     for name, values in batch.reward_parts.items():
         metrics[f"rewards/{name}/mean"] = _nan_mean(values)
         metrics[f"rewards/{name}/std"] = _nan_std(values)

@@ -77,6 +77,7 @@ class Rollout:
     reward_seconds: float = 0.0  # host time spent in the reward functions
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, averaged
     reward_extra: dict[str, list] = dataclasses.field(default_factory=dict)  # TRL's log_extra, one per row
+    episodes: Any = None  # the played episodes (`grpo_jax.episodes.rollout.EpisodeBatch`), for a task with an environment
 
 
 def dispatch_rollout(
@@ -176,7 +177,8 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
         arrays=arrays,
         tokens_ready_at=tokens_ready_at,
         reward_seconds=reward_seconds,
-        reward_metrics={**reward_log.means(), **(episodes.metrics() if episodes is not None else {})},
+        reward_metrics=reward_log.means(),
+        episodes=episodes,
         reward_extra={c: v for c, v in reward_log.extra.items() if len(v) == len(completions)},
     )
 
