@@ -316,3 +316,24 @@ def test_the_readmes_environment_and_tool_work_as_written(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("my_envs", None)
+
+
+def test_turn_rewards_as_process_steps_give_each_token_its_turns_and_later_turns_rewards():
+    """Two episodes of one group, C = 6 columns (task.turn_rewards="process"):
+
+        row 0: turn 1 ends at column 2 with reward 0.5, turn 2 ends at 5; the episode scores 1.0
+        row 1: one turn, ending at 3, no turn reward; the episode scores 0.0
+
+    Steps: row 0 [0.5, 1.0] (the score joins the last turn), row 1 [0.0]. Over the group's three
+    steps the mean is 0.5 and the std (ddof 1) 0.5, so they normalise to 0, 1 and -1; a token gets
+    its turn's value plus the later turns': row 0 = [1, 1, 1, 1, 1, 0], row 1 = [-1, -1, -1, 0, 0, 0]."""
+    from types import SimpleNamespace
+
+    from grpo_jax.training.phases import turn_advantages
+
+    batch = SimpleNamespace(
+        turn_steps={"ends": np.array([[2, 5], [3, 0]], np.int32),
+                    "rewards": np.array([[0.5, np.nan], [np.nan, np.nan]], np.float32)},
+        rewards=np.array([1.0, 0.0], np.float32), arrays={"tokens": np.zeros((2, 6), np.int32)})
+    got = turn_advantages(batch, group_size=2, eps=0.0)
+    np.testing.assert_array_equal(got, [[1, 1, 1, 1, 1, 0], [-1, -1, -1, 0, 0, 0]])

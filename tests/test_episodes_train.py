@@ -43,3 +43,28 @@ def test_a_two_turn_episode_trains_on_its_answer_turn(tmp_path):
     assert np.mean(rewards[:3]) < 0.3, rewards[:3]
     assert np.mean(rewards[-5:]) > 0.5, rewards[-5:]
     assert 1.0 <= rows[-1]["turns/mean"] <= 2.0
+
+
+class PaysPerTurn(AskThenAnswer):
+    """AskThenAnswer, whose first turn earns 0.1 per '7' in it (a process reward)."""
+
+    def step(self, turn):
+        reply = super().step(turn)
+        if self.turns == 1:
+            reply.reward = 0.1 * turn.count("7")
+        return reply
+
+
+def test_turn_rewards_train_per_token(tmp_path):
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=12),
+                              task=dataclasses.replace(cfg.task, max_turns=2, max_tokens_per_turn=5,
+                                                       turn_rewards="process"),
+                              train=dataclasses.replace(cfg.train, steps=3, checkpoint_every=0))
+    result = train.run(cfg, task=with_environment(SevensTask(), PaysPerTurn))
+    rows = [row for row in result.history if "reward" in row]
+    assert len(rows) == 3
+    assert all(np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]) for row in rows)
+    assert any(row["advantages/std"] > 0 for row in rows)
+    # The turn rewards train per token, not again as the episode's reward function "environment".
+    assert all(not np.isfinite(row.get("rewards/environment/mean", np.nan)) for row in rows)

@@ -36,6 +36,10 @@ class TaskSection:
     # Host threads the environments answer a turn on (each its own episode): environments that wait
     # (a sandbox, a service) wait side by side. 1: one after another.
     environment_workers: int = 8
+    # A Reply's reward: "episode" (summed into the episode's reward function "environment") or
+    # "process" (its turn's step reward: per-token advantages by the seed's process supervision,
+    # core.advantages.process_advantages; the task's reward functions score the last turn's step).
+    turn_rewards: Literal["episode", "process"] = "episode"
 
     def validate(self) -> None:
         check_fields(self)

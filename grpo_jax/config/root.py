@@ -60,6 +60,11 @@ def validate(config: Config) -> None:
             f"off_policy.max_staleness={config.off_policy.max_staleness} with sampling.engine=vllm: asynchronous "
             "rollouts on a vLLM engine are not supported yet (an in-process engine crashed when synced from the "
             "rollout thread); set off_policy.max_staleness=0")
+    if config.task.turn_rewards == "process" and config.grpo.adv_estimator != "grpo":
+        raise ConfigError(
+            f"task.turn_rewards='process' with grpo.adv_estimator={config.grpo.adv_estimator!r}: per-turn rewards "
+            "are normalised over the group as the seed's process supervision does (GRPO's baseline); set "
+            "grpo.adv_estimator='grpo' or task.turn_rewards='episode'")
     if config.lora.r and config.grpo.ref_resync_every:
         raise ConfigError(
             f"grpo.ref_resync_every={config.grpo.ref_resync_every} with lora.r={config.lora.r}: the reference is "

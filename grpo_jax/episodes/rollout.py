@@ -58,6 +58,10 @@ class EpisodeLimits:
     # Host threads the environments answer a turn's rows on: an environment that waits (a sandbox,
     # a service) waits beside the others instead of after them. 1: one after another.
     workers: int = 8
+    # What a Reply's reward is: "episode" (they add up into the episode's environment reward, scored
+    # with the task's reward functions) or "process" (each is its turn's step reward; the trainer's
+    # advantages are then per token, `core.advantages.process_advantages`).
+    turn_rewards: str = "episode"
 
 
 @dataclasses.dataclass
@@ -73,6 +77,8 @@ class Episode:
     model_token: list[bool] = dataclasses.field(default_factory=list)
     turn_texts: list[str] = dataclasses.field(default_factory=list)
     env_reward: float | None = None
+    turn_ends: list[int] = dataclasses.field(default_factory=list)  # per turn: its last model token's column + 1
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)  # per turn: its Reply's reward (NaN: none)
     done: bool = False
     truncated: bool = False
     retokenized: int = 0
@@ -90,6 +96,7 @@ class EpisodeBatch:
 
     episodes: list[Episode]
     tool_mask: np.ndarray  # [R, C] int32, 1 on model tokens
+    turn_rewards: str = "episode"  # EpisodeLimits.turn_rewards
     environment_seconds: float = 0.0  # wall time the environments took (their threads overlap)
 
     def fields(self) -> dict[str, list]:
@@ -99,7 +106,8 @@ class EpisodeBatch:
         eps = self.episodes
         return {
             "environments": [getattr(e.env, "env", e.env) for e in eps],
-            "environment_reward": [e.env_reward for e in eps],
+            # Process rewards train per turn (`turn_steps`), not again as the episode's.
+            "environment_reward": [None if self.turn_rewards == "process" else e.env_reward for e in eps],
             "turns": [len(e.turn_texts) for e in eps],
             "turn_texts": [list(e.turn_texts) for e in eps],
         }
@@ -127,6 +135,20 @@ class EpisodeBatch:
             "env_tokens": np.array([e.env_tokens for e in eps], np.float32),
             "retokenized": np.array([e.retokenized for e in eps], np.float32),
         }
+
+
+def turn_steps(batch: EpisodeBatch, max_turns: int) -> dict[str, np.ndarray]:
+    """Each episode's turns as process-reward steps, padded to `max_turns`: "ends" [R, K] int32
+    (1-based column of the turn's last model token; 0 = no such turn) and "rewards" [R, K] float32
+    (the turn's Reply reward; NaN = none, or no such turn)."""
+    R = len(batch.episodes)
+    ends = np.zeros((R, max_turns), np.int32)
+    rewards = np.full((R, max_turns), np.nan, np.float32)
+    for r, ep in enumerate(batch.episodes):
+        n = len(ep.turn_ends)
+        ends[r, :n] = ep.turn_ends
+        rewards[r, :len(ep.turn_rewards)] = ep.turn_rewards
+    return {"ends": ends, "rewards": rewards}
 
 
 def episode_metrics(rows: dict[str, np.ndarray], environment_seconds: float) -> dict[str, float]:
@@ -211,6 +233,7 @@ def _take_turn(ep: Episode, tokens: np.ndarray, logprobs: np.ndarray, length: in
     ep.logprobs.extend(float(x) for x in logprobs[:keep])
     ep.model_token.extend([True] * keep)
     ep.turn_texts.append(tokenizer.decode(ids))
+    ep.turn_ends.append(len(ep.completion))
     if not stopped or keep < length:
         ep.truncated, ep.done = True, True
 
@@ -252,6 +275,7 @@ def _respond(ep: Episode, row: int, *, tokenizer, limits: EpisodeLimits, total: 
     ep.env_seconds += time.perf_counter() - t0
     if reply.reward is not None:
         ep.env_reward = (ep.env_reward or 0.0) + float(reply.reward)
+    ep.turn_rewards.append(float("nan") if reply.reward is None else float(reply.reward))
     if ep.done:  # truncated by the turn itself: the reply's reward counts, nothing more is read
         return
     if reply.done or len(ep.turn_texts) >= limits.max_turns:
@@ -344,7 +368,7 @@ def run_episodes(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     sample, batch = _as_sample(episodes, tokenizer, total, getattr(sampler, "prompt_buckets", None))
-    batch.environment_seconds = environment_seconds
+    batch.environment_seconds, batch.turn_rewards = environment_seconds, limits.turn_rewards
     return sample, batch
 
 

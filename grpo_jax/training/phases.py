@@ -57,6 +57,9 @@ class StepBatch:
     zeroed_by_truncation: np.ndarray | None = None
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
     episode_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # turns, tools (every process's)
+    # Episodes: each row's turns as process-reward steps, "ends" / "rewards" [B, max_turns]
+    # (`episodes.rollout.turn_steps`); None for single answers.
+    turn_steps: dict[str, np.ndarray] | None = None
 
 
 def truncation_rule(rewards: np.ndarray, truncated: np.ndarray, rule: str) -> np.ndarray:
@@ -137,7 +140,7 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
             "arrays": {name: processes.gather(ro.arrays[name]) for name in _ROW_ARRAYS},
-            **_gathered_episodes(processes, ro.episodes),
+            **_gathered_episodes(processes, ro.episodes, ctx.config.task.max_turns),
         }))
         all_rewards = np.concatenate([r["rewards"] for _, r in rounds])
         chosen, informative = select_groups(all_rewards, G, B, g.dynamic_sampling)
@@ -148,14 +151,16 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
     return _chosen_batch(ctx, step, rounds, chosen, all_rewards, device_start, data_position)
 
 
-def _gathered_episodes(processes, episodes) -> dict:
+def _gathered_episodes(processes, episodes, max_turns: int) -> dict:
     """A round's episode rows (every process's) and the environments' wall seconds (the slowest
     process's); nothing for single answers."""
     if episodes is None:
         return {}
+    from grpo_jax.episodes.rollout import turn_steps
+
     seconds = processes.gather(np.array([episodes.environment_seconds], np.float64)).max()
-    return {"episode_rows": {k: processes.gather(v) for k, v in episodes.row_values().items()},
-            "environment_seconds": float(seconds)}
+    rows = {**episodes.row_values(), **{f"turn_{k}": v for k, v in turn_steps(episodes, max_turns).items()}}
+    return {"episode_rows": {k: processes.gather(v) for k, v in rows.items()}, "environment_seconds": float(seconds)}
 
 
 def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], all_rewards: np.ndarray,
@@ -196,19 +201,21 @@ def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], a
         data_position=data_position,
         zeroed_by_truncation=pick("zeroed"),
         reward_metrics=_mean_dicts([ro.reward_metrics for ro, _ in rounds]),
-        episode_metrics=_episode_metrics(rounds, row_index),
+        **_chosen_episodes(rounds, row_index),
     )
 
 
-def _episode_metrics(rounds: list, row_index: np.ndarray) -> dict[str, float]:
-    """The chosen rows' episode metrics (`episodes.rollout.episode_metrics`); {} for single answers."""
+def _chosen_episodes(rounds: list, row_index: np.ndarray) -> dict:
+    """The chosen rows' episode metrics (`episodes.rollout.episode_metrics`) and turns as steps
+    (`episodes.rollout.turn_steps`), as StepBatch fields; none for single answers."""
     if "episode_rows" not in rounds[0][1]:
         return {}
     from grpo_jax.episodes.rollout import episode_metrics
 
     rows = {k: np.concatenate([r["episode_rows"][k] for _, r in rounds])[row_index]
             for k in rounds[0][1]["episode_rows"]}
-    return episode_metrics(rows, sum(r["environment_seconds"] for _, r in rounds))
+    return {"episode_metrics": episode_metrics(rows, sum(r["environment_seconds"] for _, r in rounds)),
+            "turn_steps": {"ends": rows["turn_ends"], "rewards": rows["turn_rewards"]}}
 
 
 def _sample_log(ctx: RunContext, step: int, rollouts: list, row_index: np.ndarray, rewards: np.ndarray,
@@ -264,6 +271,8 @@ def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, n
         per_func = np.stack([truncation_rule(batch.reward_parts[r.name], batch.truncated, ctx.config.rewards.truncated_reward)
                              for r in specs], axis=1)
         weights = np.array([r.weight for r in specs], np.float32)
+    if ctx.config.task.turn_rewards == "process" and batch.turn_steps is not None:
+        return turn_advantages(batch, g.num_generations, g.advantage_eps), completion_mask
     advantages = np.asarray(
         estimators.estimator_advantages(
             g.adv_estimator, jnp.asarray(batch.rewards), g.num_generations,
@@ -273,6 +282,23 @@ def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, n
         np.float32,
     )
     return advantages, completion_mask
+
+
+def turn_advantages(batch: StepBatch, group_size: int, eps: float) -> np.ndarray:
+    """Per-token advantages [B, C] of episodes whose turns carry rewards (`task.turn_rewards =
+    "process"`): each turn is a step whose reward is its Reply's, and the last turn's step also
+    holds the reward functions' score of the episode (`batch.rewards`); the seed's process
+    supervision normalises every step reward over the group and gives each token the sum of the
+    normalised rewards of its turn and the turns after it (`core.advantages.process_advantages`).
+    Environment tokens get values too; the completion mask keeps them out of the loss."""
+    ends, rewards = batch.turn_steps["ends"], batch.turn_steps["rewards"].copy()
+    real = ends > 0
+    last = real.sum(axis=1) - 1  # every episode has at least one turn
+    outcome = np.nan_to_num(batch.rewards, nan=0.0)
+    rows = np.arange(len(rewards))
+    rewards[rows, last] = np.nan_to_num(rewards[rows, last], nan=0.0) + outcome
+    return np.asarray(adv_lib.process_advantages(jnp.asarray(rewards), jnp.asarray(ends), jnp.asarray(real),
+                                                 group_size, batch.arrays["tokens"].shape[1], eps=eps), np.float32)
 
 
 def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, completion_mask: np.ndarray) -> dict:
@@ -399,6 +425,14 @@ def _nan_std(x: np.ndarray) -> float:
     return float(np.nanstd(x)) if np.isfinite(x).any() else float("nan")
 
 
+def _advantage_stats(values: np.ndarray) -> dict[str, float]:
+    """Mean, std, max and min of the advantages (per answer, or per trained token of episodes)."""
+    if values.size == 0:
+        values = np.zeros(1, np.float32)
+    return {"advantages/mean": float(values.mean()), "advantages/std": float(values.std()),
+            "advantages/max": float(values.max()), "advantages/min": float(values.min())}
+
+
 def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
            update_metrics: list[dict[str, float]], times: dict[str, float]) -> dict[str, float]:
     """Phase 7: the step's metrics row. `update_metrics` are every update's, read to floats;
@@ -417,10 +451,8 @@ def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
         # The share of completions whose positive reward rewards.truncated_reward="at_most_zero" took away.
         "completions/truncated_reward_zeroed": (float(batch.zeroed_by_truncation.mean())
                                                 if batch.zeroed_by_truncation is not None else 0.0),
-        "advantages/mean": float(advantages.mean()),
-        "advantages/std": float(advantages.std()),
-        "advantages/max": float(advantages.max()),
-        "advantages/min": float(advantages.min()),
+        **_advantage_stats(advantages if advantages.ndim == 1
+                           else advantages[(batch.arrays["mask"] * batch.arrays["tool_mask"]) > 0]),
         "learning_rate": float(ctx.schedule(max(0, (step - 1) * ctx.updates_per_step))),
         **times,
         "data_position": batch.data_position,

@@ -103,7 +103,7 @@ def episode_limits(config):
 
     task = config.task
     return EpisodeLimits(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens_per_turn,
-                         workers=task.environment_workers)
+                         workers=task.environment_workers, turn_rewards=task.turn_rewards)
 
 
 def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[dict], *, environment_factory,

@@ -30,7 +30,7 @@ class StepRecord:
 
     step: int
     batch: phases.StepBatch
-    advantages: np.ndarray  # [B] float32
+    advantages: np.ndarray  # [B] float32, or [B, C] per token (episodes with task.turn_rewards="process")
     update_metrics: list[dict[str, Any]]  # one dict of device scalars per optimizer update
     logprobs: PhaseTiming
     update: PhaseTiming  # its `ready` watches `update_metrics`
