@@ -363,9 +363,16 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     # skipped (or refused, naming file and line) before it can stop the run at the same step on
     # every resume. Counted as the rollout encodes prompts.
     check_lengths = getattr(task, "check_prompt_lengths", None)
+    # An episode's later turns are prompted with everything so far: the prompt and up to
+    # max_new_tokens of turns and replies, which must fit the largest bucket too.
+    room = max(PROMPT_BUCKETS) - (s_cfg.max_new_tokens if getattr(task, "environment_factory", None) else 0)
+    if room <= 0:
+        raise config_lib.ConfigError(
+            f"sampling.max_new_tokens={s_cfg.max_new_tokens}: an episode's context (prompt, turns and replies) must "
+            f"fit the sampler's largest prompt bucket ({max(PROMPT_BUCKETS)} tokens); lower it")
     if check_lengths is not None:
         try:
-            check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), max(PROMPT_BUCKETS),
+            check_lengths(lambda prompt: len(rollout_lib.encode_prompt(tokenizer, prompt)), room,
                           config.task.overlong_prompts)
         except ValueError as e:  # the data's own problem, named with file and line: exit 2, one line
             text = str(e).replace("(on_overlong='skip')", "(task.overlong_prompts=skip)")
