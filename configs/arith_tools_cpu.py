@@ -9,6 +9,9 @@ the same budget with the calculator unavailable (benchmarks/bench_tool_demo.py r
 SFT warm-up (the task's `warmup_example`): half calls ("37*48=" -> "?"), half reading a reply
 ("37*48=?1776=" -> "1776"), stopped once greedy validation reaches `sft.target_accuracy`, so GRPO has
 reading the calculator inside real episodes left to learn. GRPO settings are the arithmetic demo's.
+Measured (benchmarks/bench_tool_demo.py, seeds 1/2/3, shared 2-core machine): held-out greedy success
+0.11/0.25/0.02 -> 1.00/1.00/0.845 in 300 steps, 1.6-3.6 minutes in all; without the calculator the
+same budget ends at 0.125/0.075/0.11.
 """
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, ModelSection, OptimSection, SamplingSection,
