@@ -52,3 +52,29 @@ def test_warm_up_teaches_a_fixed_answer_and_stops_at_the_target():
     assert accs[0] == 0.0 and accs[-1] == 1.0
     assert stats["steps"] < 60  # stopped early at the target
     assert np.isfinite(stats["history"][-1]["loss"])
+
+
+class OwnWarmUpTask(FixedAnswerTask):
+    """Trains (GRPO) on answers "11" but warms up on "77": the warm-up reads `warmup_example`."""
+
+    def train_example(self, index):
+        return {**super().train_example(index), "answer": "11"}
+
+    def warmup_example(self, index):
+        return super().train_example(index)
+
+
+def test_warm_up_trains_and_validates_on_the_tasks_own_warm_up_examples():
+    cfg = model_lib.ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                                num_heads=2, num_kv_heads=1, head_dim=16)
+    from flax import nnx
+    graphdef, params = nnx.split(model_lib.init_model(cfg, 0))
+    sampler = Sampler(graphdef, cfg, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+    section = config_lib.SFTSection(steps=60, batch_size=16, learning_rate=1e-2, target_accuracy=1.0,
+                                    eval_every=10, eval_size=8)
+    task = OwnWarmUpTask()
+    params, stats = sft.warm_up(graphdef, params, sampler, TOK, task, section, max_new_tokens=3, seed=0,
+                                log_fn=lambda s: None)
+    assert stats["history"][-1]["valid_greedy_accuracy"] == 1.0  # "77", the warm-up's answer
+    examples = [task.train_example(i) for i in range(8)]
+    assert sft.greedy_accuracy(sampler, params, TOK, task, examples, max_new_tokens=3) == 0.0  # never "11"

@@ -36,7 +36,7 @@ def test_make_task_builds_each_task_and_satisfies_the_protocol(tmp_path):
 
 
 def test_make_task_unknown_name_lists_the_tasks():
-    with pytest.raises(ValueError, match=r"'arith'.*\['arithmetic', 'countdown', 'jsonl'\]"):
+    with pytest.raises(ValueError, match=r"'arith'.*\['arithmetic', 'countdown', 'jsonl', 'tool_products'\]"):
         make_task("arith")
 
 

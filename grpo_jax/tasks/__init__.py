@@ -18,6 +18,7 @@ from .base import RewardSpec, Task, batched_reward
 from .countdown import CountdownTask, check_countdown, parse_equation
 from .data_files import EVAL_SETS, named_eval_set
 from .jsonl import Fields, JsonlTask, read_examples
+from .tool_products import ToolProductsTask
 from .templates import (
     ANSWER_LOCATIONS,
     R1_SYSTEM,
@@ -28,7 +29,8 @@ from .templates import (
     r1_prompt,
 )
 
-TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl": JsonlTask}
+TASKS = {"arithmetic": ArithmeticTask, "countdown": CountdownTask, "jsonl": JsonlTask,
+         "tool_products": ToolProductsTask}
 
 
 def task_options(name: str) -> list[str]:
@@ -72,6 +74,7 @@ __all__ = [
     "JsonlTask",
     "RewardSpec",
     "Task",
+    "ToolProductsTask",
     "apply_template",
     "apply_template_to_messages",
     "batched_reward",

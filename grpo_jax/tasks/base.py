@@ -44,6 +44,9 @@ class Task(Protocol):
     "error", names) those longer than the sampler's largest prompt bucket, so one over-long
     example cannot crash every resume at the same step. Built-in generators make prompts that fit
     by construction and leave it out; it is not part of the runtime check below.
+
+    Optional: `warmup_example(index) -> dict`, the SFT warm-up's examples when they are not the
+    training stream's (a tool task warms up on calling and reading its tool: `tasks.tool_products`).
     """
 
     name: str

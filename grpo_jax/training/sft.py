@@ -130,7 +130,10 @@ def warm_up(
     opt_state = tx.init(params)
     step_fn = make_sft_step(graphdef, tx, remat.backward_compiler_options(sampler.config))
     rng = np.random.default_rng(seed)
-    valid = [task.train_example(_VALID_OFFSET + i) for i in range(sft.eval_size)]
+    # A task may warm up on examples of its own (a tool task teaches calling and reading the tool, not
+    # the answers the tool gives); by default the warm-up trains on the task's training stream.
+    example = getattr(task, "warmup_example", None) or task.train_example
+    valid = [example(_VALID_OFFSET + i) for i in range(sft.eval_size)]
     history = []
     t0 = time.perf_counter()
     acc = greedy_accuracy(sampler, params, tokenizer, task, valid, max_new_tokens=max_new_tokens,
@@ -144,7 +147,7 @@ def warm_up(
             return params, {"steps": step - 1, "seconds": time.perf_counter() - t0, "history": history,
                             "stopped": True}
         start = int(rng.integers(0, 1 << 30))
-        batch = [task.train_example(_SFT_OFFSET + start + i) for i in range(sft.batch_size)]
+        batch = [example(_SFT_OFFSET + start + i) for i in range(sft.batch_size)]
         tokens, attention, answer_mask = sft_batch(tokenizer, batch, max_answer_tokens=max_new_tokens)
         if mesh is not None and len(batch) % sharding.batch_size_multiple(mesh) == 0:
             tokens, attention, answer_mask = processes.to_global((tokens, attention, answer_mask))
