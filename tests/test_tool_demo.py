@@ -119,7 +119,7 @@ def test_an_episode_holds_the_calculators_reply_between_the_turns_and_trains_on_
         assert sample.tokens_BxC[r, :n].tolist() == expected
         assert played.tool_mask[r, :n].tolist() == [1, 1, 0, 0, 0, 0, 1, 1, 1, 1]
         assert ep.turn_texts == ["?", "315"] and not ep.truncated
-    assert played.metrics()["tools/calls"] == 1.0
+    assert played.row_values()["tool_calls"].tolist() == [1.0, 1.0]
     # The second call read the prompt, the call and the reply.
     assert engine.calls[1][0] == TOK.encode("07*45=?") + [eos] + TOK.encode("315=")
 
