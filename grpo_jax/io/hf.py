@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5 and Qwen3 causal LMs, safetensors only.
+"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5, Qwen3 and Qwen3-MoE causal LMs, safetensors only.
 
     model = hf.load_model("/ckpt/Qwen2.5-0.5B", dtype="bfloat16")   # model(tokens_BxT) -> logits_BxTxV
     hf.save_model(model, "/out/policy", source_dir="/ckpt/Qwen2.5-0.5B")  # config, tokenizer, weights
@@ -60,6 +60,8 @@ class _Entry:
     path: tuple[Any, ...]
     to_ours: Callable[[np.ndarray], np.ndarray]
     to_hf: Callable[[np.ndarray], np.ndarray]
+    # Experts: HF stores one tensor per expert, we stack them; this one is slice `expert` of `path`.
+    expert: int | None = None
 
 
 def _linear(*out_dims: int) -> tuple[Callable, Callable]:
@@ -70,6 +72,20 @@ def _linear(*out_dims: int) -> tuple[Callable, Callable]:
     def to_hf(w):
         return w.reshape(w.shape[0], -1).T
     return to_ours, to_hf
+
+
+def _expert_entries(c: ModelConfig, p: str, ours: tuple) -> list[_Entry]:
+    """A sparse layer's router and its experts' weights, one HF tensor per expert (the layout
+    transformers 5 writes, as 4 did, and Qwen's checkpoints ship), each a slice of our stacked
+    [E, ...] weight (`grpo_jax.model.moe`)."""
+    d, e, i = c.hidden_size, c.num_experts, c.moe_intermediate_size
+    entries = [_Entry(p + "mlp.gate.weight", (e, d), ours + ("mlp", "router"), *_linear(e))]
+    for x in range(e):
+        q = f"{p}mlp.experts.{x}."
+        entries += [_Entry(q + "gate_proj.weight", (i, d), ours + ("mlp", "expert_gate"), *_linear(i), expert=x),
+                    _Entry(q + "up_proj.weight", (i, d), ours + ("mlp", "expert_up"), *_linear(i), expert=x),
+                    _Entry(q + "down_proj.weight", (d, i), ours + ("mlp", "expert_down"), *_linear(d), expert=x)]
+    return entries
 
 
 def weight_map(config: ModelConfig) -> list[_Entry]:
@@ -91,6 +107,8 @@ def weight_map(config: ModelConfig) -> list[_Entry]:
                    lambda w, n=n, h=h: w.T.reshape(n, h, w.shape[0]),
                    lambda w: w.reshape(-1, w.shape[-1]).T),
             _Entry(p + "post_attention_layernorm.weight", (d,), ours + ("mlp_norm",), *same),
+        ]
+        entries += _expert_entries(c, p, ours) if c.is_sparse(i) else [
             _Entry(p + "mlp.gate_proj.weight", (f, d), ours + ("mlp", "gate_proj"), *_linear(f)),
             _Entry(p + "mlp.up_proj.weight", (f, d), ours + ("mlp", "up_proj"), *_linear(f)),
             _Entry(p + "mlp.down_proj.weight", (d, f), ours + ("mlp", "down_proj"), *_linear(d)),
@@ -117,6 +135,8 @@ def hf_tensors(params, config: ModelConfig, dtype=None):
     pure = params if isinstance(params, dict) else nnx.to_pure_dict(params)
     for e in weight_map(config):
         value = _get(pure, e.path)
+        if e.expert is not None:
+            value = value[e.expert]
         if dtype is not None and value.dtype != dtype:
             value = value.astype(dtype)
         array = np.ascontiguousarray(e.to_hf(np.asarray(value)))
@@ -157,6 +177,13 @@ def _get(tree: dict, path: tuple):
     return tree
 
 
+def _stacked(stacks: dict, pure: dict, e: _Entry, dtype) -> np.ndarray:
+    """The host buffer [E, ...] that entry `e`'s expert slice goes into (made on first use)."""
+    if e.path not in stacks:
+        stacks[e.path] = np.empty(_get(pure, e.path).shape, dtype)
+    return stacks[e.path]
+
+
 def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype: str | None = None,
                remat: bool | str = False, attention_impl: str = "auto") -> Transformer:
     """Reads an HF checkpoint directory into a Transformer; model(tokens_BxT) -> logits_BxTxV.
@@ -188,6 +215,7 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     graphdef, state = nnx.split(abstract)
     pure = nnx.to_pure_dict(state)
     handles: dict[pathlib.Path, Any] = {}
+    stacks: dict[tuple, np.ndarray] = {}
     try:
         for e in entries:
             if e.hf_name not in files:
@@ -206,9 +234,14 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
                 raise ValueError(f"tensor {e.hf_name} in {file.name} has shape {tuple(array.shape)}, "
                                  f"expected {e.hf_shape} from config.json")
             ours = e.to_ours(array.astype(np_dtype, copy=False))
+            if e.expert is not None:  # experts are stacked on the host, then moved once
+                _stacked(stacks, pure, e, np_dtype)[e.expert] = ours
+                continue
             target = _get(pure, e.path)
             assert ours.shape == target.shape, (e.hf_name, ours.shape, target.shape)
             _set(pure, e.path, jnp.asarray(ours))
+        for path, stack in stacks.items():
+            _set(pure, path, jnp.asarray(stack))
     finally:
         for handle in handles.values():
             handle.__exit__(None, None, None)

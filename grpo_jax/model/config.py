@@ -59,6 +59,21 @@ class ModelConfig:
     # layer_types None: every layer full attention.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
+    # Mixture of experts (Qwen3-MoE; HF's names, `grpo_jax.model.moe`). num_experts 0: every layer has
+    # the dense MLP of intermediate_size (the defaults change nothing). Otherwise layer i is sparse
+    # when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, as in transformers:
+    # num_experts experts of moe_intermediate_size, num_experts_per_tok of them per token, their
+    # softmax weights renormalised to sum to 1 when norm_topk_prob. router_aux_loss_coef and
+    # output_router_logits are carried for the config.json round trip and for the caller that adds
+    # the load-balancing loss (`moe.load_balancing_loss`); the forward pass never reads them.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001
+    output_router_logits: bool = False
     # How the passes run, not the architecture (never written to an HF config.json).
     # remat (`REMAT_POLICIES`): what each layer keeps for the backward pass. "none": everything;
     # "layer_inputs" (or True): only its input, everything inside recomputed (about a third more
@@ -103,10 +118,30 @@ class ModelConfig:
                     isinstance(self.sliding_window, int) and self.sliding_window >= 1):
                 raise ValueError(f"ModelConfig.sliding_window must be an int >= 1 for sliding_attention layers, "
                                  f"got {self.sliding_window!r}")
+        if self.num_experts:
+            self._check_experts()
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(
                 f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
             )
+
+    def _check_experts(self):
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int with num_experts > 0, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"ModelConfig.num_experts_per_tok ({self.num_experts_per_tok}) must be <= "
+                             f"num_experts ({self.num_experts})")
+        if not isinstance(self.mlp_only_layers, tuple) or not all(
+                isinstance(i, int) and 0 <= i < self.num_layers for i in self.mlp_only_layers):
+            raise ValueError(f"ModelConfig.mlp_only_layers must be a tuple of layer indices in [0, "
+                             f"{self.num_layers}), got {self.mlp_only_layers!r}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer` has the experts (else the dense MLP), by transformers' rule."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
     def remat_policy(self) -> str:
