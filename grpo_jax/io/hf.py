@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 from typing import Any, Callable
 
@@ -177,6 +178,35 @@ def _get(tree: dict, path: tuple):
     return tree
 
 
+def _read_tensor(handles: dict, files: dict[str, pathlib.Path], name: str) -> np.ndarray:
+    """Tensor `name` from its safetensors file (opened once, kept in `handles`); errors name both."""
+    file = files[name]
+    if file not in handles:
+        if not file.is_file():
+            raise FileNotFoundError(f"safetensors file {file} (listed for {name}) not found")
+        handles[file] = _open_safetensors(file).__enter__()
+    try:
+        return handles[file].get_tensor(name)
+    except SafetensorError as err:
+        raise ValueError(f"{file}: cannot read tensor {name} ({err})") from None
+
+
+def _fused_source(name: str, files) -> tuple[str, Callable] | None:
+    """(fused tensor name, slicer) for a per-expert tensor stored in transformers 5's in-memory
+    layout instead: mlp.experts.gate_up_proj [E, 2I, D] (expert x's gate rows, then its up rows)
+    and mlp.experts.down_proj [E, D, I]. None when `name` is not an expert's or not stored fused."""
+    m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+    if m is None:
+        return None
+    x, kind = int(m.group(2)), m.group(3)
+    source = f"{m.group(1)}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"
+    if source not in files:
+        return None
+    if kind == "down":
+        return source, lambda w: w[x]
+    return source, lambda w: np.split(w[x], 2, axis=0)[0 if kind == "gate" else 1]
+
+
 def _stacked(stacks: dict, pure: dict, e: _Entry, dtype) -> np.ndarray:
     """The host buffer [E, ...] that entry `e`'s expert slice goes into (made on first use)."""
     if e.path not in stacks:
@@ -202,7 +232,8 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     np_dtype = _NP_DTYPES[config.param_dtype]
     files = _tensor_files(path)
     entries = weight_map(config)
-    expected = {e.hf_name for e in entries}
+    fused = {e.hf_name: src for e in entries if e.hf_name not in files and (src := _fused_source(e.hf_name, files))}
+    expected = {e.hf_name for e in entries} | {name for name, _ in fused.values()}
     ignorable = [name for name in files
                  if name.endswith(_IGNORED_SUFFIXES) or (config.tie_embeddings and name == "lm_head.weight")]
     unexpected = sorted(set(files) - expected - set(ignorable))
@@ -216,20 +247,19 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     pure = nnx.to_pure_dict(state)
     handles: dict[pathlib.Path, Any] = {}
     stacks: dict[tuple, np.ndarray] = {}
+    last_fused: dict[str, np.ndarray] = {}  # the fused tensor being sliced (one at a time)
     try:
         for e in entries:
-            if e.hf_name not in files:
+            if e.hf_name in fused:
+                name, take = fused[e.hf_name]
+                if name not in last_fused:
+                    last_fused = {name: _read_tensor(handles, files, name)}
+                array, file = take(last_fused[name]), files[name]
+            elif e.hf_name not in files:
                 raise ValueError(f"checkpoint {path} is missing tensor {e.hf_name} "
                                  f"(expected shape {e.hf_shape})")
-            file = files[e.hf_name]
-            if file not in handles:
-                if not file.is_file():
-                    raise FileNotFoundError(f"safetensors file {file} (listed for {e.hf_name}) not found")
-                handles[file] = _open_safetensors(file).__enter__()
-            try:
-                array = handles[file].get_tensor(e.hf_name)
-            except SafetensorError as err:
-                raise ValueError(f"{file}: cannot read tensor {e.hf_name} ({err})") from None
+            else:
+                array, file = _read_tensor(handles, files, e.hf_name), files[e.hf_name]
             if tuple(array.shape) != e.hf_shape:
                 raise ValueError(f"tensor {e.hf_name} in {file.name} has shape {tuple(array.shape)}, "
                                  f"expected {e.hf_shape} from config.json")
@@ -240,8 +270,8 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
             target = _get(pure, e.path)
             assert ours.shape == target.shape, (e.hf_name, ours.shape, target.shape)
             _set(pure, e.path, jnp.asarray(ours))
-        for path, stack in stacks.items():
-            _set(pure, path, jnp.asarray(stack))
+        for where, stack in stacks.items():
+            _set(pure, where, jnp.asarray(stack))
     finally:
         for handle in handles.values():
             handle.__exit__(None, None, None)

@@ -18,7 +18,7 @@ Parameters of a sparse layer (HF names on the right, transformers 5 writes them 
     layers[i].mlp.expert_up    [E, D, I]  HF mlp.experts.e.up_proj.weight [I, D] -> .T, stacked over e
     layers[i].mlp.expert_down  [E, I, D]  HF mlp.experts.e.down_proj.weight [D, I] -> .T, stacked over e
 
-Recording and replay. `forward_with_routing` runs the model once with every sparse layer sowing
+Recording and replay. `forward_with_routing` runs the model once with every sparse layer recording
 its router logits and chosen experts; given `expert_indices` (the experts a sampler chose, one
 [B, T, K] per sparse layer) it uses them instead of each router's top-k, with the weights still
 the current router's probabilities at those experts (so the router keeps its gradient). Plain
@@ -96,6 +96,10 @@ class ExpertChoice(nnx.Variable):
     """Expert indices [B, T, K] a sparse layer must use instead of its router's top-k (replay)."""
 
 
+class RoutingRecord(nnx.Variable):
+    """What a recording sparse layer saw: (router logits [B, T, E], experts used [B, T, K])."""
+
+
 class SparseMoe(nnx.Module):
     """The sparse feed-forward of one layer (module docstring); called as the dense MLP is."""
 
@@ -122,8 +126,7 @@ class SparseMoe(nnx.Module):
         # transformers casts the weights back to the hidden dtype before mixing.
         weights_NxK = choice_weights(probs_NxE, experts_NxK, c.norm_topk_prob).astype(x_NxD.dtype)
         if self.record:
-            self.sow(nnx.Intermediate, "router_logits", logits_NxE.reshape(b, t, -1))
-            self.sow(nnx.Intermediate, "expert_indices", experts_NxK.reshape(b, t, -1))
+            self.recorded = RoutingRecord((logits_NxE.reshape(b, t, -1), experts_NxK.reshape(b, t, -1)))
         out_NxD = experts_ffn(x_NxD, experts_NxK, weights_NxK, self.expert_gate[...], self.expert_up[...],
                               self.expert_down[...])
         return out_NxD.reshape(b, t, d)
@@ -161,8 +164,8 @@ def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
         if expert_indices is not None:
             layer.replay = ExpertChoice(jnp.asarray(expert_indices[i], jnp.int32))
     logits = model(tokens_BxT, attention_mask_BxT=attention_mask_BxT, **call_kwargs)
-    routing = Routing(tuple(m.router_logits.get_value()[0] for m in layers),
-                      tuple(m.expert_indices.get_value()[0] for m in layers))
+    records = [m.recorded.get_value() for m in layers]
+    routing = Routing(tuple(r[0] for r in records), tuple(r[1] for r in records))
     return logits, routing
 
 
