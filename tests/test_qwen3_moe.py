@@ -280,3 +280,87 @@ def test_parity_transformers_loads_our_export_with_a_fresh_config(tmp_path):
     logits = make_hf_fixtures.hf_logits(reloaded, expected["tokens_BxT"], expected["mask_BxT"])
     real = expected["mask_BxT"].astype(bool)
     np.testing.assert_allclose(logits[real], expected["logits_BxTxV"][real], atol=1e-5)
+
+
+# ---------------------------------------------------------------- the rest of the stack on a MoE model
+
+def _sharpened_tiny():
+    # Random init routes near-uniformly; larger weights give decided, token-dependent routing.
+    graphdef, params = nnx.split(init_model(TINY, 0), nnx.Param)
+    params = jax.tree.map(lambda p: p * 10.0 if p.ndim > 1 else p, params)
+    return graphdef, params
+
+
+def test_cached_decode_and_the_sampler_agree_with_the_full_forward():
+    from grpo_jax.sampling import ops, static
+    from grpo_jax.sampling import sampler as S
+    from full_forward import full_forward
+
+    graphdef, params = _sharpened_tiny()
+    # Two prompts left padded to 6, 4 completion tokens teacher-forced through prefill + decode_step.
+    tokens = np.array([[0, 0, 0, 5, 9, 3], [7, 1, 4, 8, 6, 11]], np.int32)
+    mask = (tokens > 0).astype(np.int32)
+    forced = np.array([[3, 14, 27, 1], [20, 20, 5, 9]], np.int32)
+    state = static.prefill(graphdef, params, tokens, mask, num_samples=1, max_new_tokens=4)
+    cached, caches = [np.asarray(state.logits_BxV)], state.caches
+    step = jax.jit(lambda pr, caches, km, tok, pos, w: ops.decode_step(graphdef, pr, caches, km, tok, pos, w))
+    for i in range(3):
+        logits, caches = step(params, caches, state.key_mask_BxS, forced[:, i], state.positions_B + i, 6 + i)
+        cached.append(np.asarray(logits))
+    full = np.asarray(full_forward(graphdef, params, np.concatenate([tokens, forced], 1),
+                                   np.concatenate([mask, np.ones_like(forced)], 1)))[:, 5:9]
+    # One token at a time routes each token as the whole sequence does (routing is per token);
+    # the attention sums in another order (tests/tolerances.py FORWARD_REL_ERR, |logits| ~ 10).
+    np.testing.assert_allclose(np.stack(cached, 1), full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
+    sampler = S.Sampler(graphdef, TINY, eos_id=2, pad_id=0)
+    out = sampler(params, [[5, 9, 3], [7, 1, 4, 8, 6, 11]], num_samples=2,
+                  sampling=S.SamplingConfig(max_new_tokens=5, greedy=True, ignore_eos=True), rng=jax.random.key(0))
+    all_tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
+    all_mask = jnp.concatenate([out.prompt_mask_BxP, jnp.ones_like(out.tokens_BxC)], axis=1)
+    p = out.prompt_tokens_BxP.shape[1]
+    greedy = np.asarray(full_forward(graphdef, params, all_tokens, all_mask))[:, p - 1 : p + 4].argmax(-1)
+    np.testing.assert_array_equal(out.tokens_BxC, greedy)
+
+
+def test_shared_prompt_log_probs_and_remat_gradients_equal_the_plain_ones():
+    import dataclasses
+
+    from grpo_jax.model import token_logprobs
+
+    graphdef, params = _sharpened_tiny()
+    tokens = jnp.asarray(np.random.default_rng(2).integers(1, 40, (4, 10)), jnp.int32)
+    tokens = tokens.at[:, :6].set(tokens[::2, :6].repeat(2, axis=0))  # pairs of rows share a prompt
+    mask = jnp.ones_like(tokens)
+
+    def grads(graphdef, group_size):
+        loss = lambda p: token_logprobs(graphdef, p, tokens, mask, num_targets=4, group_size=group_size).sum()  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    (plain, g_plain), (shared, g_shared) = grads(graphdef, 1), grads(graphdef, 2)
+    # The shared layout computes the same products in another grouping (FORWARD_REL_ERR, GRAD_REL_ERR).
+    np.testing.assert_allclose(shared, plain, rtol=1e-4)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(b).max()),
+                 g_shared, g_plain)
+    remat_graphdef, _ = nnx.split(init_model(dataclasses.replace(TINY, remat="dots"), 0), nnx.Param)
+    value, g_remat = grads(remat_graphdef, 1)
+    # Remat replays the same computation: bit-equal.
+    assert float(value) == float(plain)
+    jax.tree.map(np.testing.assert_array_equal, g_remat, g_plain)
+
+
+def test_lora_all_linear_adapts_attention_and_the_dense_layer_not_the_experts():
+    from grpo_jax.model import lora
+
+    params = _params(init_model(TINY, 0))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["all-linear"]), 2, jax.random.key(0))
+    assert sorted(adapters["layers"]["1"]["mlp"]) == ["down_proj", "gate_proj", "up_proj"]  # the dense layer
+    assert "mlp" not in adapters["layers"]["0"] and "mlp" not in adapters["layers"]["2"]
+    merged = lora.merge(params, adapters, 1.0)
+    np.testing.assert_array_equal(merged["layers"][0]["mlp"]["expert_gate"], params["layers"][0]["mlp"]["expert_gate"])
+
+
+def test_bfloat16_load_and_save_round_trip(tmp_path):
+    model = hf.load_model(FIXTURE, dtype="bfloat16")
+    assert model.layers[0].mlp.expert_gate[...].dtype == jnp.bfloat16
+    back = hf.load_model(hf.save_model(model, tmp_path / "bf16"), dtype="bfloat16")
+    jax.tree.map(np.testing.assert_array_equal, _params(back), _params(model))

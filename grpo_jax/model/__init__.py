@@ -1,9 +1,10 @@
 """Decoder-only transformer (Llama / Qwen2 / Qwen3 / Qwen3-MoE family) in Flax NNX, used functionally.
 
 One config covers RMSNorm, RoPE (theta, optional Llama-3 scaling), grouped-query attention, a
-SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3) and tied or
-untied embeddings, and top-k routed experts in place of the MLP in chosen layers (Qwen3-MoE). Code that jits takes `graphdef, params = nnx.split(model, nnx.Param)` and calls
-the pure `token_logprobs`; nothing here uses `nnx.jit`.
+SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3), tied or
+untied embeddings, and top-k routed experts in place of the MLP in chosen layers (Qwen3-MoE).
+Code that jits takes `graphdef, params = nnx.split(model, nnx.Param)` and calls the pure
+`token_logprobs`; nothing here uses `nnx.jit`.
 
 One module per job:
 
@@ -18,7 +19,8 @@ One module per job:
 
 Dimension letters: B batch, T query length, S key length / sequence, D hidden_size, N num_heads,
 K num_kv_heads, G = N // K query heads per kv head, H head_dim, F intermediate_size, V vocab,
-C number of target tokens, L layers; E experts, K experts per token, I moe_intermediate_size.
+C number of target tokens, L layers. In moe.py (no kv heads there): E experts, K experts per
+token, I moe_intermediate_size.
 """
 
 from grpo_jax.model.attention import KVCache
