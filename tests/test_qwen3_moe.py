@@ -3,7 +3,9 @@ committed fixture (tests/fixtures/hf_qwen3_moe, made by tests/fixtures/make_hf_f
 import/export, training gradients, routing replay, and the experts' sharding on a device mesh.
 """
 
+import dataclasses
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -18,7 +20,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from grpo_jax.io import hf
-from grpo_jax.model import ModelConfig, init_model, moe, partition_specs
+from grpo_jax.model import ModelConfig, Transformer, init_model, moe, partition_specs
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "hf_qwen3_moe"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -225,6 +227,30 @@ def test_replay_of_recorded_experts_reproduces_the_forward_exactly():
     # Other experts give other logits: the replayed indices are really used.
     shifted = tuple((e + 1) % TINY.num_experts for e in recorded.expert_indices)
     assert not np.allclose(np.asarray(_routing(graphdef, params, tokens, None, shifted)[0]), np.asarray(logits))
+    # Under remat (each layer a jax.checkpoint) recording and replay work the same, bit for bit.
+    remat_graphdef, _ = nnx.split(init_model(dataclasses.replace(TINY, remat="dots"), 0), nnx.Param)
+    remat_logits, remat_recorded = _routing(remat_graphdef, params, tokens, None, recorded.expert_indices)
+    assert np.array_equal(np.asarray(remat_logits), np.asarray(logits))
+    jax.tree.map(np.testing.assert_array_equal, remat_recorded, recorded)
+
+
+def test_qwen3_30b_a3b_config_has_its_published_parameter_count():
+    # Qwen/Qwen3-30B-A3B's config.json (the MoE fields and shapes): 30.5B parameters, 3.3B active.
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+           "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0,
+           "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8,
+           "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], "router_aux_loss_coef": 0.001, "output_router_logits": False,
+           "use_sliding_window": False, "sliding_window": None}
+    c = hf.config_from_hf(cfg, dtype="bfloat16")
+    shapes = nnx.state(nnx.eval_shape(lambda: Transformer(c, rngs=nnx.Rngs(0))), nnx.Param)
+    total = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    experts = 48 * 3 * 128 * 2048 * 768
+    active = total - experts + experts * 8 // 128
+    # 30.53e9 and 3.35e9 (embedding and head counted in both): the model card's 30.5B and 3.3B, as
+    # it writes them (one decimal, cut).
+    assert (int(total / 1e8), int(active / 1e8)) == (305, 33)
 
 
 # ---------------------------------------------------------------- a device mesh
@@ -323,8 +349,6 @@ def test_cached_decode_and_the_sampler_agree_with_the_full_forward():
 
 
 def test_shared_prompt_log_probs_and_remat_gradients_equal_the_plain_ones():
-    import dataclasses
-
     from grpo_jax.model import token_logprobs
 
     graphdef, params = _sharpened_tiny()
