@@ -388,3 +388,36 @@ def test_bfloat16_load_and_save_round_trip(tmp_path):
     assert model.layers[0].mlp.expert_gate[...].dtype == jnp.bfloat16
     back = hf.load_model(hf.save_model(model, tmp_path / "bf16"), dtype="bfloat16")
     jax.tree.map(np.testing.assert_array_equal, _params(back), _params(model))
+
+
+def test_the_static_sampler_records_the_experts_a_replayed_forward_reproduces():
+    from grpo_jax.sampling import static
+    from grpo_jax.sampling.engine import SamplingConfig
+
+    graphdef, params = _sharpened_tiny()
+    tokens = np.array([[0, 0, 0, 5, 9, 3], [7, 1, 4, 8, 6, 11]], np.int32)
+    mask = (tokens > 0).astype(np.int32)
+    sampling = SamplingConfig(max_new_tokens=4, greedy=True, ignore_eos=True)
+
+    @jax.jit
+    def sample(params):
+        state = static.prefill(graphdef, params, tokens, mask, num_samples=2, max_new_tokens=4, record_experts=True)
+        return static.decode(graphdef, params, state, jax.random.key(0), prompt_len=6, sampling=sampling,
+                             eos_id=2, pad_id=0)
+
+    st = sample(params)
+    experts = np.asarray(st.experts_LxBxSxK)
+    assert experts.shape == (2, 4, 10, 2)  # 2 sparse layers, 2 prompts x 2 samples, P + C slots, top-2
+    all_tokens = np.concatenate([tokens.repeat(2, 0), np.asarray(st.tokens_BxC)], axis=1)
+    all_mask = np.concatenate([mask.repeat(2, 0), np.ones((4, 4), np.int32)], axis=1)
+    # The full forward routes every real token to the experts the sampler recorded (prompt tokens
+    # in the prefill, completion tokens one decode step at a time).
+    logits, routing = _routing(graphdef, params, all_tokens, all_mask)
+    real = all_mask.astype(bool)
+    assert np.array_equal(np.stack([np.asarray(e) for e in routing.expert_indices])[:, real], experts[:, real])
+    # Replaying the recorded experts gives that forward exactly at every real token (a padding
+    # slot's experts are whatever its masked-out state chose, in the prefill or here; attention
+    # never reads it), and its argmax is the greedy sample.
+    replayed, _ = _routing(graphdef, params, all_tokens, all_mask, tuple(experts))
+    assert np.array_equal(np.asarray(replayed)[real], np.asarray(logits)[real])
+    np.testing.assert_array_equal(np.asarray(replayed)[:, 5:9].argmax(-1), np.asarray(st.tokens_BxC))

@@ -22,7 +22,9 @@ Recording and replay. `forward_with_routing` runs the model once with every spar
 its router logits and chosen experts; given `expert_indices` (the experts a sampler chose, one
 [B, T, K] per sparse layer) it uses them instead of each router's top-k, with the weights still
 the current router's probabilities at those experts (so the router keeps its gradient). Plain
-`model(tokens)` records nothing and keeps no state.
+`model(tokens)` records nothing and keeps no state. The static sampler records the experts of
+every prompt and completion token the same way (`grpo_jax.sampling.static.prefill(record_experts=
+True)`), in the layout `forward_with_routing` replays.
 
 Letters: N tokens (B*T), D hidden, E experts, K experts per token, I moe_intermediate_size,
 M = N*K (token, choice) pairs.
@@ -146,6 +148,22 @@ def sparse_layers(model) -> list[SparseMoe]:
     return [m for _, m in sorted(found, key=lambda item: tuple(str(p).zfill(8) for p in item[0]))]
 
 
+def start_recording(model) -> list[SparseMoe]:
+    """Makes every sparse layer of `model` (a private, merged copy) record its routing on its next
+    call; returns them in layer order for `recorded_experts`."""
+    layers = sparse_layers(model)
+    for layer in layers:
+        layer.record = True
+    return layers
+
+
+def recorded_experts(layers: list[SparseMoe]) -> jax.Array:
+    """The experts the recording layers used in their last call, stacked: [L_sparse, B, T, K] int32."""
+    if not layers:
+        raise ValueError("recorded_experts: the model has no sparse layer (num_experts is 0)")
+    return jnp.stack([layer.recorded.get_value()[1] for layer in layers])
+
+
 def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
                          expert_indices: tuple[jax.Array, ...] | None = None, **call_kwargs):
     """(logits [B, T, V] float32, `Routing`) of the model `nnx.merge(graphdef, params)`.
@@ -155,12 +173,11 @@ def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
     (replay), and the returned Routing repeats them.
     """
     model = nnx.merge(graphdef, params)
-    layers = sparse_layers(model)
+    layers = start_recording(model)
     if expert_indices is not None and len(expert_indices) != len(layers):
         raise ValueError(f"forward_with_routing: {len(expert_indices)} expert_indices for "
                          f"{len(layers)} sparse layers")
     for i, layer in enumerate(layers):
-        layer.record = True
         if expert_indices is not None:
             layer.replay = ExpertChoice(jnp.asarray(expert_indices[i], jnp.int32))
     logits = model(tokens_BxT, attention_mask_BxT=attention_mask_BxT, **call_kwargs)
