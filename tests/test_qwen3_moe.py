@@ -421,3 +421,16 @@ def test_the_static_sampler_records_the_experts_a_replayed_forward_reproduces():
     replayed, _ = _routing(graphdef, params, all_tokens, all_mask, tuple(experts))
     assert np.array_equal(np.asarray(replayed)[real], np.asarray(logits)[real])
     np.testing.assert_array_equal(np.asarray(replayed)[:, 5:9].argmax(-1), np.asarray(st.tokens_BxC))
+    # token_logprobs replays them too, per row and in the shared-prompt layout (pairs of rows share
+    # a prompt here): the same experts at every real token, so the same log-probs bit for bit.
+    from grpo_jax.model import token_logprobs
+
+    for group_size in (1, 2):
+        def logp(experts):
+            return token_logprobs(graphdef, params, jnp.asarray(all_tokens), jnp.asarray(all_mask), num_targets=4,
+                                  group_size=group_size, expert_indices_LxBxSxK=experts)
+
+        plain = jax.jit(logp)(None)
+        assert np.array_equal(np.asarray(jax.jit(logp)(jnp.asarray(experts))), np.asarray(plain))
+        other = jax.jit(logp)(jnp.asarray((experts + 1) % TINY.num_experts))
+        assert not np.allclose(np.asarray(other), np.asarray(plain))

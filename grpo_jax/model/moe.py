@@ -164,6 +164,28 @@ def recorded_experts(layers: list[SparseMoe]) -> jax.Array:
     return jnp.stack([layer.recorded.get_value()[1] for layer in layers])
 
 
+def replay(model, experts_LxBxTxK) -> None:
+    """Makes every sparse layer of `model` (a private, merged copy) use these experts, one
+    [B, T, K] per sparse layer in layer order, instead of its top-k on its next call."""
+    layers = sparse_layers(model)
+    if len(experts_LxBxTxK) != len(layers):
+        raise ValueError(f"expert indices for {len(experts_LxBxTxK)} sparse layers, the model has {len(layers)}")
+    for layer, experts_BxTxK in zip(layers, experts_LxBxTxK):
+        layer.replay = ExpertChoice(jnp.asarray(experts_BxTxK, jnp.int32))
+
+
+def shared_prompt_layout(experts_LxBxSxK, group_size: int, num_targets: int):
+    """Per-row experts [L, B, S, K] (S = P + C) in the layout the model runs: unchanged for
+    group_size 1; for G > 1 (`Transformer.shared_prompt_hidden_states`) each group's prompt once,
+    from its first row, then its G completions: [L, B/G, P + G*C, K]."""
+    if group_size == 1:
+        return experts_LxBxSxK
+    l, b, s, k = experts_LxBxSxK.shape
+    n, p = b // group_size, s - num_targets
+    grouped = experts_LxBxSxK.reshape(l, n, group_size, s, k)
+    return jnp.concatenate([grouped[:, :, 0, :p], grouped[:, :, :, p:].reshape(l, n, -1, k)], axis=2)
+
+
 def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
                          expert_indices: tuple[jax.Array, ...] | None = None, **call_kwargs):
     """(logits [B, T, V] float32, `Routing`) of the model `nnx.merge(graphdef, params)`.
@@ -174,12 +196,8 @@ def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
     """
     model = nnx.merge(graphdef, params)
     layers = start_recording(model)
-    if expert_indices is not None and len(expert_indices) != len(layers):
-        raise ValueError(f"forward_with_routing: {len(expert_indices)} expert_indices for "
-                         f"{len(layers)} sparse layers")
-    for i, layer in enumerate(layers):
-        if expert_indices is not None:
-            layer.replay = ExpertChoice(jnp.asarray(expert_indices[i], jnp.int32))
+    if expert_indices is not None:
+        replay(model, expert_indices)
     logits = model(tokens_BxT, attention_mask_BxT=attention_mask_BxT, **call_kwargs)
     records = [m.recorded.get_value() for m in layers]
     routing = Routing(tuple(r[0] for r in records), tuple(r[1] for r in records))
