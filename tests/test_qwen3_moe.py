@@ -274,12 +274,22 @@ with jax.set_mesh(mesh):
     compiled = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t)).lower(sharded, tokens).compile()
     many = np.asarray(compiled(sharded, tokens))
 gate = nnx.to_pure_dict(sharded)["layers"][0]["mlp"]["expert_gate"]
+# The sampler on the mesh records the same experts as on one device (decided routing: weights x 10).
+from grpo_jax.sampling import sampler as S
+params = jax.tree.map(lambda p: p * 10.0 if p.ndim > 1 else p, params)
+sampling = S.SamplingConfig(max_new_tokens=3, greedy=True, ignore_eos=True, record_experts=True)
+runs = [S.Sampler(graphdef, TINY, eos_id=2, pad_id=0, prompt_buckets=(8,), mesh=m)(
+    params, [[5, 9, 3], [7, 1, 4, 8]], num_samples=2, sampling=sampling, rng=jax.random.key(0)) for m in (None, mesh)]
+real = np.concatenate([np.asarray(runs[0].prompt_mask_BxP), np.ones((4, 3), np.int32)], 1).astype(bool)
+same = [np.array_equal(np.moveaxis(np.asarray(r.experts_BxLxSxK), 1, 2)[real],
+                       np.moveaxis(np.asarray(runs[0].experts_BxLxSxK), 1, 2)[real]) for r in runs]
 print(json.dumps({"diff": float(np.abs(many - one).max()), "scale": float(np.abs(one).max()),
-                  "gate_shard": list(gate.addressable_shards[0].data.shape)}))
+                  "gate_shard": list(gate.addressable_shards[0].data.shape), "experts_same": same[1],
+                  "experts_rows_shard": list(runs[1].experts_BxLxSxK.addressable_shards[0].data.shape)}))
 """
 
 
-def test_experts_split_over_the_tensor_axis_give_the_one_device_logits():
+def test_experts_split_over_the_tensor_axis_give_the_one_device_logits_and_routing():
     env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _MESH_CHECK], cwd=REPO, env=env, capture_output=True, text=True,
@@ -287,6 +297,8 @@ def test_experts_split_over_the_tensor_axis_give_the_one_device_logits():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["gate_shard"] == [2, 8, 12]  # [E, D, I] = [4, 16, 12] split E / tensor, D / fsdp
+    # The recorded experts [B, L, S, K] = [4, 2, 11, 2] come back with their rows split over fsdp.
+    assert result["experts_same"] and result["experts_rows_shard"] == [2, 2, 11, 2]
     # Sharded matmuls sum the same products in another order (tests/tolerances.py FORWARD_REL_ERR).
     assert result["diff"] <= 1e-4 * result["scale"]
 
@@ -390,47 +402,41 @@ def test_bfloat16_load_and_save_round_trip(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, _params(back), _params(model))
 
 
-def test_the_static_sampler_records_the_experts_a_replayed_forward_reproduces():
-    from grpo_jax.sampling import static
-    from grpo_jax.sampling.engine import SamplingConfig
+def test_the_sampler_records_the_experts_that_token_logprobs_replays():
+    from grpo_jax.model import token_logprobs
+    from grpo_jax.sampling import sampler as S
 
     graphdef, params = _sharpened_tiny()
-    tokens = np.array([[0, 0, 0, 5, 9, 3], [7, 1, 4, 8, 6, 11]], np.int32)
-    mask = (tokens > 0).astype(np.int32)
-    sampling = SamplingConfig(max_new_tokens=4, greedy=True, ignore_eos=True)
-
-    @jax.jit
-    def sample(params):
-        state = static.prefill(graphdef, params, tokens, mask, num_samples=2, max_new_tokens=4, record_experts=True)
-        return static.decode(graphdef, params, state, jax.random.key(0), prompt_len=6, sampling=sampling,
-                             eos_id=2, pad_id=0)
-
-    st = sample(params)
-    experts = np.asarray(st.experts_LxBxSxK)
-    assert experts.shape == (2, 4, 10, 2)  # 2 sparse layers, 2 prompts x 2 samples, P + C slots, top-2
-    all_tokens = np.concatenate([tokens.repeat(2, 0), np.asarray(st.tokens_BxC)], axis=1)
-    all_mask = np.concatenate([mask.repeat(2, 0), np.ones((4, 4), np.int32)], axis=1)
+    sampling = S.SamplingConfig(max_new_tokens=4, greedy=True, ignore_eos=True, record_experts=True)
+    sampler = S.Sampler(graphdef, TINY, eos_id=2, pad_id=0, prompt_buckets=(8,))
+    out = sampler(params, [[5, 9, 3], [7, 1, 4, 8, 6, 11]], num_samples=2, sampling=sampling, rng=jax.random.key(0))
+    experts = np.asarray(out.experts_BxLxSxK)
+    assert experts.shape == (4, 2, 12, 2)  # 2 prompts x 2 samples, 2 sparse layers, P + C = 8 + 4 slots, top-2
+    all_tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
+    all_mask = jnp.concatenate([out.prompt_mask_BxP, out.mask_BxC], axis=1)
     # The full forward routes every real token to the experts the sampler recorded (prompt tokens
     # in the prefill, completion tokens one decode step at a time).
     logits, routing = _routing(graphdef, params, all_tokens, all_mask)
-    real = all_mask.astype(bool)
-    assert np.array_equal(np.stack([np.asarray(e) for e in routing.expert_indices])[:, real], experts[:, real])
+    real = np.asarray(all_mask).astype(bool)
+    per_token = lambda x_BxLxSxK: np.moveaxis(np.asarray(x_BxLxSxK), 1, 2)[real]  # noqa: E731
+    assert np.array_equal(per_token(np.stack(routing.expert_indices, 1)), per_token(experts))
     # Replaying the recorded experts gives that forward exactly at every real token (a padding
     # slot's experts are whatever its masked-out state chose, in the prefill or here; attention
     # never reads it), and its argmax is the greedy sample.
-    replayed, _ = _routing(graphdef, params, all_tokens, all_mask, tuple(experts))
+    replayed, _ = _routing(graphdef, params, all_tokens, all_mask, tuple(np.moveaxis(experts, 1, 0)))
     assert np.array_equal(np.asarray(replayed)[real], np.asarray(logits)[real])
-    np.testing.assert_array_equal(np.asarray(replayed)[:, 5:9].argmax(-1), np.asarray(st.tokens_BxC))
+    np.testing.assert_array_equal(np.asarray(replayed)[:, 7:11].argmax(-1), np.asarray(out.tokens_BxC))
     # token_logprobs replays them too, per row and in the shared-prompt layout (pairs of rows share
-    # a prompt here): the same experts at every real token, so the same log-probs bit for bit.
-    from grpo_jax.model import token_logprobs
-
+    # a prompt): the same experts at every real token, so the same log-probs bit for bit.
     for group_size in (1, 2):
         def logp(experts):
-            return token_logprobs(graphdef, params, jnp.asarray(all_tokens), jnp.asarray(all_mask), num_targets=4,
-                                  group_size=group_size, expert_indices_LxBxSxK=experts)
+            return token_logprobs(graphdef, params, all_tokens, all_mask, num_targets=4, group_size=group_size,
+                                  expert_indices_BxLxSxK=experts)
 
         plain = jax.jit(logp)(None)
         assert np.array_equal(np.asarray(jax.jit(logp)(jnp.asarray(experts))), np.asarray(plain))
         other = jax.jit(logp)(jnp.asarray((experts + 1) % TINY.num_experts))
         assert not np.allclose(np.asarray(other), np.asarray(plain))
+    with pytest.raises(ValueError, match="record_experts needs Sampler engine='static'"):
+        S.Sampler(graphdef, TINY, eos_id=2, pad_id=0, engine="continuous")(
+            params, [[5, 9, 3]], num_samples=1, sampling=sampling, rng=jax.random.key(0))

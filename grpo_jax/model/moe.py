@@ -24,7 +24,8 @@ its router logits and chosen experts; given `expert_indices` (the experts a samp
 the current router's probabilities at those experts (so the router keeps its gradient). Plain
 `model(tokens)` records nothing and keeps no state. The static sampler records the experts of
 every prompt and completion token the same way (`grpo_jax.sampling.static.prefill(record_experts=
-True)`), in the layout `forward_with_routing` replays.
+True)`, `SamplingConfig.record_experts`), which `token_logprobs(expert_indices_BxLxSxK=...)`
+replays.
 
 Letters: N tokens (B*T), D hidden, E experts, K experts per token, I moe_intermediate_size,
 M = N*K (token, choice) pairs.
@@ -174,10 +175,12 @@ def replay(model, experts_LxBxTxK) -> None:
         layer.replay = ExpertChoice(jnp.asarray(experts_BxTxK, jnp.int32))
 
 
-def shared_prompt_layout(experts_LxBxSxK, group_size: int, num_targets: int):
-    """Per-row experts [L, B, S, K] (S = P + C) in the layout the model runs: unchanged for
-    group_size 1; for G > 1 (`Transformer.shared_prompt_hidden_states`) each group's prompt once,
-    from its first row, then its G completions: [L, B/G, P + G*C, K]."""
+def shared_prompt_layout(experts_BxLxSxK, group_size: int, num_targets: int):
+    """Per-row experts [B, L, S, K] (S = P + C; rows first, as the sampler returns them) in the
+    layer-major layout the model runs (`replay`): [L, B, S, K] for group_size 1; for G > 1
+    (`Transformer.shared_prompt_hidden_states`) each group's prompt once, from its first row, then
+    its G completions: [L, B/G, P + G*C, K]."""
+    experts_LxBxSxK = jnp.moveaxis(jnp.asarray(experts_BxLxSxK, jnp.int32), 1, 0)
     if group_size == 1:
         return experts_LxBxSxK
     l, b, s, k = experts_LxBxSxK.shape
