@@ -73,7 +73,11 @@ def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIx
 
     The M = N*K (token, choice) pairs are sorted by expert (stable, so ties keep token order);
     each matmul is one `jax.lax.ragged_dot` whose group e is expert e's run of rows. Every
-    intermediate is [M, D] or [M, I]: the cost is K times a dense MLP of width I, never E times.
+    intermediate this code makes is [M, D] or [M, I]: K times a dense MLP of width I, never E times.
+    What the compiler makes of ragged_dot is its own: XLA:CPU (jax 0.10) expands it densely, every
+    row against every expert, E times the FLOPs with an [M, E*D] temporary (measured M=4096, D=256,
+    I=128, E=32: 290 ms and 138 MB, against 5.7 ms for one dense matmul of the same useful FLOPs).
+    Fine for the tests' tiny models; accelerator lowerings are not measured here.
     """
     n, k = experts_NxK.shape
     num_experts = gate_ExDxI.shape[0]
