@@ -86,6 +86,10 @@ def test_dense_config_is_unchanged_and_sparse_layers_follow_transformers_rule():
     # decoder_sparse_step 2: layers 1, 3, 5 ((i + 1) % 2 == 0), less mlp_only_layers (3).
     c = ModelConfig(**{**TINY.__dict__, "num_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": (3,)})
     assert [c.is_sparse(i) for i in range(6)] == [False, True, False, False, False, True]
+    # Recording and replay address the sparse layers in layer order, layer 10 after layer 9.
+    twelve = init_model(ModelConfig(**{**TINY.__dict__, "num_layers": 12, "mlp_only_layers": (3,)}), 0)
+    found = [next(i for i, layer in enumerate(twelve.layers) if layer.mlp is m) for m in moe.sparse_layers(twelve)]
+    assert found == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]
     with pytest.raises(ValueError, match="num_experts_per_tok \\(5\\) must be <= num_experts \\(4\\)"):
         ModelConfig(**{**TINY.__dict__, "num_experts_per_tok": 5})
 

@@ -125,9 +125,9 @@ class SparseMoe(nnx.Module):
         b, t, d = x_BxTxD.shape
         x_NxD = x_BxTxD.astype(DTYPES[c.dtype]).reshape(b * t, d)
         logits_NxE, probs_NxE = router_probs(x_NxD, self.router[...])
-        replay = getattr(self, "replay", None)
-        if replay is not None:
-            experts_NxK = replay[...].reshape(b * t, c.num_experts_per_tok).astype(jnp.int32)
+        forced = getattr(self, "forced_experts", None)  # set on a private copy by `replay`
+        if forced is not None:
+            experts_NxK = forced[...].reshape(b * t, c.num_experts_per_tok).astype(jnp.int32)
         else:
             experts_NxK = top_k_experts(probs_NxE, c.num_experts_per_tok)
         # transformers casts the weights back to the hidden dtype before mixing.
@@ -148,9 +148,14 @@ class Routing(NamedTuple):
 
 
 def sparse_layers(model) -> list[SparseMoe]:
-    """The model's SparseMoe modules in layer order."""
+    """The model's SparseMoe modules in layer order (paths ('layers', i, 'mlp'), sorted by i as a
+    number: layer 10 after layer 9)."""
     found = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, SparseMoe)]
-    return [m for _, m in sorted(found, key=lambda item: tuple(str(p).zfill(8) for p in item[0]))]
+
+    def order(item):
+        return tuple((0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in item[0])
+
+    return [m for _, m in sorted(found, key=order)]
 
 
 def start_recording(model) -> list[SparseMoe]:
@@ -176,7 +181,7 @@ def replay(model, experts_LxBxTxK) -> None:
     if len(experts_LxBxTxK) != len(layers):
         raise ValueError(f"expert indices for {len(experts_LxBxTxK)} sparse layers, the model has {len(layers)}")
     for layer, experts_BxTxK in zip(layers, experts_LxBxTxK):
-        layer.replay = ExpertChoice(jnp.asarray(experts_BxTxK, jnp.int32))
+        layer.forced_experts = ExpertChoice(jnp.asarray(experts_BxTxK, jnp.int32))
 
 
 def shared_prompt_layout(experts_BxLxSxK, group_size: int, num_targets: int):
@@ -216,7 +221,7 @@ def load_balancing_loss(router_logits: tuple[jax.Array, ...], top_k: int, attent
 
     Over all sparse layers' real tokens together: f_e = (times expert e is among a token's top-k) /
     (token-layers), P_e = mean router probability of e; loss = E * sum_e f_e * P_e. f sums to K, so a
-    perfectly uniform router gives K (its minimum under top-k). The training loss adds
+    uniform router gives K; routing concentrated on few experts gives more. The training loss adds
     `router_aux_loss_coef` times it (transformers adds it when output_router_logits).
     """
     if not router_logits:
