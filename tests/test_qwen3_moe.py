@@ -35,10 +35,12 @@ def _params(model):
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def _fixture_run():
+def _fixture_run(moe_impl: str = "auto"):
     model = hf.load_model(FIXTURE)
     expected = np.load(FIXTURE / "expected.npz")
-    graphdef, params = nnx.split(model, nnx.Param)
+    _, params = nnx.split(model, nnx.Param)
+    config = dataclasses.replace(model.config, moe_impl=moe_impl)
+    graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)[0]
     logits, routing = _routing(graphdef, params, jnp.asarray(expected["tokens_BxT"]),
                                jnp.asarray(expected["mask_BxT"]))
     return model, expected, np.asarray(logits), routing
@@ -55,7 +57,8 @@ def test_router_takes_the_top_k_softmax_and_renormalises():
     np.testing.assert_allclose(moe.choice_weights(probs, experts, True), [[0.4 / 0.7, 0.3 / 0.7]], rtol=1e-6)
 
 
-def test_grouped_experts_equal_a_per_token_loop():
+@pytest.mark.parametrize("impl", ["ragged", "tiled"])
+def test_grouped_experts_equal_a_per_token_loop(impl):
     # 5 tokens, 3 experts, top-2; expert 1 is chosen by nobody (an empty group of the ragged dot).
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 4)).astype(np.float32)
@@ -63,7 +66,7 @@ def test_grouped_experts_equal_a_per_token_loop():
     down = rng.standard_normal((3, 6, 4)).astype(np.float32)
     experts = np.array([[0, 2], [2, 0], [0, 2], [2, 0], [0, 2]], np.int32)
     weights = rng.uniform(size=(5, 2)).astype(np.float32)
-    out = moe.experts_ffn(jnp.asarray(x), jnp.asarray(experts), jnp.asarray(weights), gate, up, down)
+    out = moe.experts_ffn(jnp.asarray(x), jnp.asarray(experts), jnp.asarray(weights), gate, up, down, impl)
     silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
     loop = np.stack([sum(weights[n, j] * (silu(x[n] @ gate[e]) * (x[n] @ up[e])) @ down[e]
                          for j, e in enumerate(experts[n])) for n in range(5)])
@@ -103,8 +106,9 @@ def test_expert_weights_are_sharded_on_the_expert_dimension():
 
 # ---------------------------------------------------------------- transformers parity (fixture)
 
-def test_fixture_logits_and_routing_match_transformers():
-    model, expected, logits, routing = _fixture_run()
+@pytest.mark.parametrize("moe_impl", ["ragged", "tiled"])
+def test_fixture_logits_and_routing_match_transformers(moe_impl):
+    model, expected, logits, routing = _fixture_run(moe_impl)
     assert [model.config.is_sparse(i) for i in range(3)] == [True, False, True]
     real = expected["mask_BxT"].astype(bool)
     # Same experts for every real token: the fixture's smallest gap between the 2nd and 3rd router

@@ -14,7 +14,8 @@ One module per job:
     kernels.py       rms_norm, and dense / swiglu with their custom VJPs
     attention.py     KVCache and the three attention kernels (full, one query, shared prompt)
     transformer.py   the NNX modules, init_model, default_positions; the parameter tree
-    moe.py           the sparse feed-forward: routing, ragged_dot experts, load-balancing loss, replay
+    moe.py           the sparse feed-forward: routing, experts, load-balancing loss, routing replay
+    grouped_matmul.py  the experts' matmul over expert-sorted rows (ragged_dot, or tiled)
     logprobs.py      token_logprobs
 
 Dimension letters: B batch, T query length, S key length / sequence, D hidden_size, N num_heads,

@@ -11,6 +11,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 REMAT_POLICIES = ("none", "layer_inputs", "dots")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")  # grpo_jax.model.attention
+MOE_IMPLS = ("auto", "ragged", "tiled")  # grpo_jax.model.grouped_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,9 @@ class ModelConfig:
     remat: bool | str = False
     # attention_impl: the attention kernel (`grpo_jax.model.attention.resolve`).
     attention_impl: str = "auto"
+    # moe_impl: the experts' grouped matmul (`grpo_jax.model.grouped_matmul`): "ragged"
+    # (jax.lax.ragged_dot), "tiled", or "auto" (ragged on TPU, tiled elsewhere).
+    moe_impl: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -110,6 +114,8 @@ class ModelConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl must be one of {list(ATTENTION_IMPLS)}, "
                              f"got {self.attention_impl!r}")
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"ModelConfig.moe_impl must be one of {list(MOE_IMPLS)}, got {self.moe_impl!r}")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
                 raise ValueError(f"ModelConfig.layer_types must give one of {list(LAYER_TYPES)} for each of the "

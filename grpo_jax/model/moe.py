@@ -8,8 +8,9 @@ A sparse layer (`ModelConfig.is_sparse`) replaces the dense MLP with
     out_NxD = sum_k w[n, k] * down_e(silu(x_n @ gate_e) * (x_n @ up_e)),   e = e[n, k]
 
 computed without any [tokens, experts, ...] tensor: the N*K (token, choice) pairs are sorted by
-expert, each expert's contiguous run is one group of `jax.lax.ragged_dot` (a grouped matmul with
-group sizes = tokens per expert), and the results are put back in (token, choice) order.
+expert, each expert's contiguous run is one group of a grouped matmul (`jax.lax.ragged_dot`, or
+its tiled form where XLA would expand ragged_dot densely: `grouped_matmul`, ModelConfig.moe_impl),
+and the results are put back in (token, choice) order.
 
 Parameters of a sparse layer (HF names on the right, transformers 5 writes them per expert):
 
@@ -41,6 +42,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from grpo_jax.model.config import DTYPES, ModelConfig
+from grpo_jax.model.grouped_matmul import grouped_matmul
 from grpo_jax.model.partitioning import SHARDING
 
 
@@ -68,16 +70,13 @@ def top_k_experts(probs_NxE: jax.Array, k: int) -> jax.Array:
     return jax.lax.top_k(probs_NxE, k)[1].astype(jnp.int32)
 
 
-def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIxD) -> jax.Array:
+def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIxD, impl: str = "auto") -> jax.Array:
     """sum_k weights[n, k] * SwiGLU expert experts[n, k] applied to x[n]: [N, D] in x's dtype.
 
     The M = N*K (token, choice) pairs are sorted by expert (stable, so ties keep token order);
-    each matmul is one `jax.lax.ragged_dot` whose group e is expert e's run of rows. Every
-    intermediate this code makes is [M, D] or [M, I]: K times a dense MLP of width I, never E times.
-    What the compiler makes of ragged_dot is its own: XLA:CPU (jax 0.10) expands it densely, every
-    row against every expert, E times the FLOPs with an [M, E*D] temporary (measured M=4096, D=256,
-    I=128, E=32: 290 ms and 138 MB, against 5.7 ms for one dense matmul of the same useful FLOPs).
-    Fine for the tests' tiny models; accelerator lowerings are not measured here.
+    each matmul is one grouped matmul whose group e is expert e's run of rows
+    (`grouped_matmul`, `impl`: jax.lax.ragged_dot or its tiled form). Every intermediate this code
+    makes is [M, D] or [M, I]: K times a dense MLP of width I, never E times.
     """
     n, k = experts_NxK.shape
     num_experts = gate_ExDxI.shape[0]
@@ -86,10 +85,10 @@ def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIx
     order_M = jnp.argsort(flat_M, stable=True)  # pair order_M[j] is the j-th row of the sorted run
     sizes_E = jnp.bincount(flat_M, length=num_experts).astype(jnp.int32)
     x_MxD = x_NxD[order_M // k]
-    gate = jax.lax.ragged_dot(x_MxD, gate_ExDxI.astype(dt), sizes_E)
-    up = jax.lax.ragged_dot(x_MxD, up_ExDxI.astype(dt), sizes_E)
+    gate = grouped_matmul(x_MxD, gate_ExDxI.astype(dt), sizes_E, impl)
+    up = grouped_matmul(x_MxD, up_ExDxI.astype(dt), sizes_E, impl)
     h_MxI = jax.nn.silu(checkpoint_name(gate, "gate_up_proj")) * checkpoint_name(up, "gate_up_proj")
-    y_MxD = checkpoint_name(jax.lax.ragged_dot(h_MxI, down_ExIxD.astype(dt), sizes_E), "down_proj")
+    y_MxD = checkpoint_name(grouped_matmul(h_MxI, down_ExIxD.astype(dt), sizes_E, impl), "down_proj")
     y_NxKxD = y_MxD[jnp.argsort(order_M)].reshape(n, k, -1)  # back to (token, choice) order
     return jnp.einsum("nkd,nk->nd", y_NxKxD, weights_NxK.astype(dt))
 
@@ -135,7 +134,7 @@ class SparseMoe(nnx.Module):
         if self.record:
             self.recorded = RoutingRecord((logits_NxE.reshape(b, t, -1), experts_NxK.reshape(b, t, -1)))
         out_NxD = experts_ffn(x_NxD, experts_NxK, weights_NxK, self.expert_gate[...], self.expert_up[...],
-                              self.expert_down[...])
+                              self.expert_down[...], c.moe_impl)
         return out_NxD.reshape(b, t, d)
 
 

@@ -29,7 +29,7 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
     # the dense MLP's width), D over fsdp as every matrix's. The router is small and stays whole on
     # E. A separate "expert" mesh axis would let experts split over devices that hold whole heads
     # and batch rows (EP x TP), and pair with an all-to-all token dispatch (shard_map) instead of
-    # the gathers GSPMD inserts around ragged_dot; not done here.
+    # the gathers GSPMD inserts around the grouped matmul; not done here.
     "router": ("fsdp", None),               # [D, E]
     "expert_gate": ("tensor", "fsdp", None),  # [E, D, I]
     "expert_up": ("tensor", "fsdp", None),    # [E, D, I]
