@@ -151,6 +151,13 @@ def test_export_reload_is_exact_and_writes_transformers_names(tmp_path):
     assert (fresh["architectures"], fresh["model_type"], fresh["num_experts"], fresh["mlp_only_layers"]) == (
         ["Qwen3MoeForCausalLM"], "qwen3_moe", 8, [1])
     assert hf.config_from_hf(fresh) == model.config
+    # With the source's config.json as the base its spelling is kept (num_local_experts), and a
+    # changed expert count rewrites the whole group in the fresh spelling.
+    source = hf.read_config(FIXTURE)
+    kept = hf.hf_config_from(model.config, source)
+    assert kept["num_local_experts"] == 8 and "num_experts" not in kept
+    changed = hf.hf_config_from(dataclasses.replace(model.config, num_experts=4), source)
+    assert changed["num_experts"] == 4 and "num_local_experts" not in changed
 
 
 def test_fused_expert_layout_loads_the_same_weights(tmp_path):

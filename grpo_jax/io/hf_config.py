@@ -200,7 +200,7 @@ _CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
     (("rms_norm_eps",), ("rms_norm_eps",)),
     (("tie_embeddings",), ("tie_word_embeddings",)),
-    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
+    (("qkv_bias", "qk_norm", "num_experts"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
     (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
                                          "max_window_layers")),
     (_MOE_KEYS, _MOE_KEYS + ("num_local_experts",)),
