@@ -16,6 +16,7 @@ from grpo_jax.model.grouped_matmul import grouped_matmul, resolve
     ([1, 1, 1, 1, 1, 1], 4),  # six groups in two tiles: the most pairs (tiles + groups)
     ([2, 3], 128),            # a tile larger than all 5 rows
     ([0, 0, 7], 7),           # empty groups first; rows exactly one tile
+    ([5, 0, 2, 9], None),     # the default tile, the mean group size rounded up to 8
 ])
 def test_tiled_equals_ragged_dot_values_and_gradients(sizes, tile):
     rng = np.random.default_rng(len(sizes) * 100 + tile)
