@@ -19,7 +19,7 @@ from grpo_jax.model.grouped_matmul import grouped_matmul, resolve
     ([5, 0, 2, 9], None),     # the default tile, the mean group size rounded up to 8
 ])
 def test_tiled_equals_ragged_dot_values_and_gradients(sizes, tile):
-    rng = np.random.default_rng(len(sizes) * 100 + tile)
+    rng = np.random.default_rng(len(sizes) * 100 + (tile or 0))
     m, d, f = sum(sizes), 5, 3
     x = jnp.asarray(rng.standard_normal((m, d)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((len(sizes), d, f)), jnp.float32)
