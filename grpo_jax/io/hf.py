@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5 and Qwen3 causal LMs, safetensors only.
+"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5, Qwen3 and Qwen3-MoE causal LMs, safetensors only.
 
     model = hf.load_model("/ckpt/Qwen2.5-0.5B", dtype="bfloat16")   # model(tokens_BxT) -> logits_BxTxV
     hf.save_model(model, "/out/policy", source_dir="/ckpt/Qwen2.5-0.5B")  # config, tokenizer, weights
@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 from typing import Any, Callable
 
@@ -60,6 +61,8 @@ class _Entry:
     path: tuple[Any, ...]
     to_ours: Callable[[np.ndarray], np.ndarray]
     to_hf: Callable[[np.ndarray], np.ndarray]
+    # Experts: HF stores one tensor per expert, we stack them; this one is slice `expert` of `path`.
+    expert: int | None = None
 
 
 def _linear(*out_dims: int) -> tuple[Callable, Callable]:
@@ -70,6 +73,20 @@ def _linear(*out_dims: int) -> tuple[Callable, Callable]:
     def to_hf(w):
         return w.reshape(w.shape[0], -1).T
     return to_ours, to_hf
+
+
+def _expert_entries(c: ModelConfig, p: str, ours: tuple) -> list[_Entry]:
+    """A sparse layer's router and its experts' weights, one HF tensor per expert (the layout
+    transformers 5 writes, as 4 did, and Qwen's checkpoints ship), each a slice of our stacked
+    [E, ...] weight (`grpo_jax.model.moe`)."""
+    d, e, i = c.hidden_size, c.num_experts, c.moe_intermediate_size
+    entries = [_Entry(p + "mlp.gate.weight", (e, d), ours + ("mlp", "router"), *_linear(e))]
+    for x in range(e):
+        q = f"{p}mlp.experts.{x}."
+        entries += [_Entry(q + "gate_proj.weight", (i, d), ours + ("mlp", "expert_gate"), *_linear(i), expert=x),
+                    _Entry(q + "up_proj.weight", (i, d), ours + ("mlp", "expert_up"), *_linear(i), expert=x),
+                    _Entry(q + "down_proj.weight", (d, i), ours + ("mlp", "expert_down"), *_linear(d), expert=x)]
+    return entries
 
 
 def weight_map(config: ModelConfig) -> list[_Entry]:
@@ -91,6 +108,8 @@ def weight_map(config: ModelConfig) -> list[_Entry]:
                    lambda w, n=n, h=h: w.T.reshape(n, h, w.shape[0]),
                    lambda w: w.reshape(-1, w.shape[-1]).T),
             _Entry(p + "post_attention_layernorm.weight", (d,), ours + ("mlp_norm",), *same),
+        ]
+        entries += _expert_entries(c, p, ours) if c.is_sparse(i) else [
             _Entry(p + "mlp.gate_proj.weight", (f, d), ours + ("mlp", "gate_proj"), *_linear(f)),
             _Entry(p + "mlp.up_proj.weight", (f, d), ours + ("mlp", "up_proj"), *_linear(f)),
             _Entry(p + "mlp.down_proj.weight", (d, f), ours + ("mlp", "down_proj"), *_linear(d)),
@@ -117,6 +136,8 @@ def hf_tensors(params, config: ModelConfig, dtype=None):
     pure = params if isinstance(params, dict) else nnx.to_pure_dict(params)
     for e in weight_map(config):
         value = _get(pure, e.path)
+        if e.expert is not None:
+            value = value[e.expert]
         if dtype is not None and value.dtype != dtype:
             value = value.astype(dtype)
         array = np.ascontiguousarray(e.to_hf(np.asarray(value)))
@@ -157,6 +178,42 @@ def _get(tree: dict, path: tuple):
     return tree
 
 
+def _read_tensor(handles: dict, files: dict[str, pathlib.Path], name: str) -> np.ndarray:
+    """Tensor `name` from its safetensors file (opened once, kept in `handles`); errors name both."""
+    file = files[name]
+    if file not in handles:
+        if not file.is_file():
+            raise FileNotFoundError(f"safetensors file {file} (listed for {name}) not found")
+        handles[file] = _open_safetensors(file).__enter__()
+    try:
+        return handles[file].get_tensor(name)
+    except SafetensorError as err:
+        raise ValueError(f"{file}: cannot read tensor {name} ({err})") from None
+
+
+def _fused_source(name: str, files) -> tuple[str, Callable] | None:
+    """(fused tensor name, slicer) for a per-expert tensor stored in transformers 5's in-memory
+    layout instead: mlp.experts.gate_up_proj [E, 2I, D] (expert x's gate rows, then its up rows)
+    and mlp.experts.down_proj [E, D, I]. None when `name` is not an expert's or not stored fused."""
+    m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+    if m is None:
+        return None
+    x, kind = int(m.group(2)), m.group(3)
+    source = f"{m.group(1)}.{'down_proj' if kind == 'down' else 'gate_up_proj'}"
+    if source not in files:
+        return None
+    if kind == "down":
+        return source, lambda w: w[x]
+    return source, lambda w: np.split(w[x], 2, axis=0)[0 if kind == "gate" else 1]
+
+
+def _stacked(stacks: dict, pure: dict, e: _Entry, dtype) -> np.ndarray:
+    """The host buffer [E, ...] that entry `e`'s expert slice goes into (made on first use)."""
+    if e.path not in stacks:
+        stacks[e.path] = np.empty(_get(pure, e.path).shape, dtype)
+    return stacks[e.path]
+
+
 def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype: str | None = None,
                remat: bool | str = False, attention_impl: str = "auto") -> Transformer:
     """Reads an HF checkpoint directory into a Transformer; model(tokens_BxT) -> logits_BxTxV.
@@ -175,7 +232,8 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     np_dtype = _NP_DTYPES[config.param_dtype]
     files = _tensor_files(path)
     entries = weight_map(config)
-    expected = {e.hf_name for e in entries}
+    fused = {e.hf_name: src for e in entries if e.hf_name not in files and (src := _fused_source(e.hf_name, files))}
+    expected = {e.hf_name for e in entries} | {name for name, _ in fused.values()}
     ignorable = [name for name in files
                  if name.endswith(_IGNORED_SUFFIXES) or (config.tie_embeddings and name == "lm_head.weight")]
     unexpected = sorted(set(files) - expected - set(ignorable))
@@ -188,27 +246,32 @@ def load_model(path: str | pathlib.Path, dtype: str = "float32", *, param_dtype:
     graphdef, state = nnx.split(abstract)
     pure = nnx.to_pure_dict(state)
     handles: dict[pathlib.Path, Any] = {}
+    stacks: dict[tuple, np.ndarray] = {}
+    last_fused: dict[str, np.ndarray] = {}  # the fused tensor being sliced (one at a time)
     try:
         for e in entries:
-            if e.hf_name not in files:
+            if e.hf_name in fused:
+                name, take = fused[e.hf_name]
+                if name not in last_fused:
+                    last_fused = {name: _read_tensor(handles, files, name)}
+                array, file = take(last_fused[name]), files[name]
+            elif e.hf_name not in files:
                 raise ValueError(f"checkpoint {path} is missing tensor {e.hf_name} "
                                  f"(expected shape {e.hf_shape})")
-            file = files[e.hf_name]
-            if file not in handles:
-                if not file.is_file():
-                    raise FileNotFoundError(f"safetensors file {file} (listed for {e.hf_name}) not found")
-                handles[file] = _open_safetensors(file).__enter__()
-            try:
-                array = handles[file].get_tensor(e.hf_name)
-            except SafetensorError as err:
-                raise ValueError(f"{file}: cannot read tensor {e.hf_name} ({err})") from None
+            else:
+                array, file = _read_tensor(handles, files, e.hf_name), files[e.hf_name]
             if tuple(array.shape) != e.hf_shape:
                 raise ValueError(f"tensor {e.hf_name} in {file.name} has shape {tuple(array.shape)}, "
                                  f"expected {e.hf_shape} from config.json")
             ours = e.to_ours(array.astype(np_dtype, copy=False))
+            if e.expert is not None:  # experts are stacked on the host, then moved once
+                _stacked(stacks, pure, e, np_dtype)[e.expert] = ours
+                continue
             target = _get(pure, e.path)
             assert ours.shape == target.shape, (e.hf_name, ours.shape, target.shape)
             _set(pure, e.path, jnp.asarray(ours))
+        for where, stack in stacks.items():
+            _set(pure, where, jnp.asarray(stack))
     finally:
         for handle in handles.values():
             handle.__exit__(None, None, None)

@@ -1,4 +1,4 @@
-"""Hugging Face config.json <-> ModelConfig: which architectures we read (Llama, Qwen2/2.5, Qwen3),
+"""Hugging Face config.json <-> ModelConfig: which architectures we read (Llama, Qwen2/2.5, Qwen3, Qwen3-MoE),
 what their config.json fields mean for the model, and the config.json an export writes (keeping a
 source checkpoint's keys where the model did not change them).
 """
@@ -12,8 +12,13 @@ from typing import Any
 from grpo_jax.io.tokenizer_files import read_json_object
 from grpo_jax.model import ModelConfig, RopeScaling
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}
+# Qwen3-MoE's config.json keys, each the ModelConfig field of the same name. transformers 5 writes
+# num_experts as num_local_experts (its attribute_map); Qwen's checkpoints and vLLM say num_experts.
+_MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+             "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits")
 
 
 def read_config(path: str | pathlib.Path) -> dict[str, Any]:
@@ -29,7 +34,7 @@ def read_config(path: str | pathlib.Path) -> dict[str, Any]:
 
 
 def architecture_of(hf_config: dict[str, Any]) -> str:
-    """'LlamaForCausalLM', 'Qwen2ForCausalLM' or 'Qwen3ForCausalLM', else a ValueError."""
+    """One of `SUPPORTED_ARCHITECTURES`, else a ValueError."""
     archs = hf_config.get("architectures") or []
     arch = archs[0] if archs else _MODEL_TYPES.get(hf_config.get("model_type", ""), None)
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -72,6 +77,9 @@ def _sliding_windows(hf_config: dict[str, Any], arch: str, num_layers: int):
     """(sliding_window, layer_types) as transformers reads them: Qwen2 and Qwen3 use a window only
     with use_sliding_window (else sliding_window is None), in the layers `layer_types` names or,
     without it, layers >= max_window_layers. (None, None): full attention."""
+    if arch == "Qwen3MoeForCausalLM" and hf_config.get("use_sliding_window", False):
+        raise ValueError("config.json use_sliding_window=true is not supported for Qwen3MoeForCausalLM; "
+                         "supported: false (sliding windows: Qwen2, Qwen3)")
     if arch == "LlamaForCausalLM":
         if hf_config.get("use_sliding_window", False) or "sliding_attention" in (hf_config.get("layer_types") or []):
             raise ValueError("config.json use_sliding_window / sliding_attention layers are not supported for "
@@ -96,9 +104,29 @@ def _sliding_windows(hf_config: dict[str, Any], arch: str, num_layers: int):
     return window, tuple(types)
 
 
+def _moe_fields(hf_config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelConfig's expert fields from a Qwen3-MoE config.json (transformers' defaults where a key
+    is absent); {} for the dense architectures."""
+    if arch != "Qwen3MoeForCausalLM":
+        return {}
+    if "num_experts" not in hf_config and "num_local_experts" not in hf_config:
+        raise KeyError("num_experts")
+    experts = hf_config.get("num_experts", hf_config.get("num_local_experts"))
+    return dict(
+        num_experts=_number({"num_experts": experts}, "num_experts"),
+        num_experts_per_tok=_number(hf_config, "num_experts_per_tok"),
+        moe_intermediate_size=_number(hf_config, "moe_intermediate_size"),
+        norm_topk_prob=bool(hf_config.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(hf_config.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in hf_config.get("mlp_only_layers") or ()),
+        router_aux_loss_coef=float(hf_config.get("router_aux_loss_coef", 0.001)),
+        output_router_logits=bool(hf_config.get("output_router_logits", False)),
+    )
+
+
 def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
                    remat: bool | str = False, attention_impl: str = "auto") -> ModelConfig:
-    """ModelConfig for a Llama / Qwen2 / Qwen3 config.json dict; features we lack are errors.
+    """ModelConfig for a Llama / Qwen2 / Qwen3 / Qwen3-MoE config.json dict; features we lack are errors.
     remat and attention_impl say how the passes run (ModelConfig); config.json has neither."""
     arch = architecture_of(hf_config)
     act = hf_config.get("hidden_act", "silu")
@@ -126,13 +154,14 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_d
         rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
         qkv_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and no o bias)
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         param_dtype=param_dtype or dtype,
         dtype=dtype,
         sliding_window=window,
         layer_types=layer_types,
         remat=remat,
         attention_impl=attention_impl,
+        **_moe_fields(hf_config, arch),
     )
 
 
@@ -142,6 +171,11 @@ def architecture_for(config: ModelConfig) -> str:
         raise ValueError("no supported HF architecture has both qkv_bias and qk_norm; supported: "
                          "LlamaForCausalLM (neither), Qwen2ForCausalLM (qkv_bias), "
                          "Qwen3ForCausalLM (qk_norm)")
+    if config.num_experts:
+        if not config.qk_norm or config.qkv_bias or config.layer_types is not None:
+            raise ValueError("a model with experts exports as Qwen3MoeForCausalLM, which has qk_norm, no "
+                             "qkv_bias and no sliding window")
+        return "Qwen3MoeForCausalLM"
     if config.qkv_bias:
         return "Qwen2ForCausalLM"
     if config.qk_norm:
@@ -166,9 +200,10 @@ _CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
     (("rms_norm_eps",), ("rms_norm_eps",)),
     (("tie_embeddings",), ("tie_word_embeddings",)),
-    (("qkv_bias", "qk_norm"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
+    (("qkv_bias", "qk_norm", "num_experts"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
     (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
                                          "max_window_layers")),
+    (_MOE_KEYS, _MOE_KEYS + ("num_local_experts",)),
 )
 _DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
 
@@ -207,8 +242,10 @@ def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
         sliding = [i for i, kind in enumerate(c.layer_types) if kind == "sliding_attention"]
         out.update(use_sliding_window=True, sliding_window=c.sliding_window, layer_types=list(c.layer_types),
                    max_window_layers=sliding[0])
-    elif arch == "Qwen2ForCausalLM":
+    elif arch in ("Qwen2ForCausalLM", "Qwen3MoeForCausalLM"):
         out["use_sliding_window"] = False
+    if arch == "Qwen3MoeForCausalLM":
+        out.update({key: getattr(c, key) for key in _MOE_KEYS}, mlp_only_layers=list(c.mlp_only_layers))
     return out
 
 

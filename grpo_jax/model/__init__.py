@@ -1,9 +1,10 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3 family) in Flax NNX, used functionally.
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3 / Qwen3-MoE family) in Flax NNX, used functionally.
 
 One config covers RMSNorm, RoPE (theta, optional Llama-3 scaling), grouped-query attention, a
-SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3) and tied or
-untied embeddings. Code that jits takes `graphdef, params = nnx.split(model, nnx.Param)` and calls
-the pure `token_logprobs`; nothing here uses `nnx.jit`.
+SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3), tied or
+untied embeddings, and top-k routed experts in place of the MLP in chosen layers (Qwen3-MoE).
+Code that jits takes `graphdef, params = nnx.split(model, nnx.Param)` and calls the pure
+`token_logprobs`; nothing here uses `nnx.jit`.
 
 One module per job:
 
@@ -13,11 +14,14 @@ One module per job:
     kernels.py       rms_norm, and dense / swiglu with their custom VJPs
     attention.py     KVCache and the three attention kernels (full, one query, shared prompt)
     transformer.py   the NNX modules, init_model, default_positions; the parameter tree
+    moe.py           the sparse feed-forward: routing, experts, load-balancing loss, routing replay
+    grouped_matmul.py  the experts' matmul over expert-sorted rows (ragged_dot, or tiled)
     logprobs.py      token_logprobs
 
 Dimension letters: B batch, T query length, S key length / sequence, D hidden_size, N num_heads,
 K num_kv_heads, G = N // K query heads per kv head, H head_dim, F intermediate_size, V vocab,
-C number of target tokens, L layers.
+C number of target tokens, L layers. In moe.py (no kv heads there): E experts, K experts per
+token, I moe_intermediate_size.
 """
 
 from grpo_jax.model.attention import KVCache

@@ -11,6 +11,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 REMAT_POLICIES = ("none", "layer_inputs", "dots")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")  # grpo_jax.model.attention
+MOE_IMPLS = ("auto", "ragged", "tiled")  # grpo_jax.model.grouped_matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,21 @@ class ModelConfig:
     # layer_types None: every layer full attention.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
+    # Mixture of experts (Qwen3-MoE; HF's names, `grpo_jax.model.moe`). num_experts 0: every layer has
+    # the dense MLP of intermediate_size (the defaults change nothing). Otherwise layer i is sparse
+    # when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, as in transformers:
+    # num_experts experts of moe_intermediate_size, num_experts_per_tok of them per token, their
+    # softmax weights renormalised to sum to 1 when norm_topk_prob. router_aux_loss_coef and
+    # output_router_logits are carried for the config.json round trip and for the caller that adds
+    # the load-balancing loss (`moe.load_balancing_loss`); the forward pass never reads them.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.001
+    output_router_logits: bool = False
     # How the passes run, not the architecture (never written to an HF config.json).
     # remat (`REMAT_POLICIES`): what each layer keeps for the backward pass. "none": everything;
     # "layer_inputs" (or True): only its input, everything inside recomputed (about a third more
@@ -67,6 +83,9 @@ class ModelConfig:
     remat: bool | str = False
     # attention_impl: the attention kernel (`grpo_jax.model.attention.resolve`).
     attention_impl: str = "auto"
+    # moe_impl: the experts' grouped matmul (`grpo_jax.model.grouped_matmul`): "ragged"
+    # (jax.lax.ragged_dot), "tiled", or "auto" (ragged on TPU, tiled elsewhere).
+    moe_impl: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -95,6 +114,8 @@ class ModelConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl must be one of {list(ATTENTION_IMPLS)}, "
                              f"got {self.attention_impl!r}")
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"ModelConfig.moe_impl must be one of {list(MOE_IMPLS)}, got {self.moe_impl!r}")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
                 raise ValueError(f"ModelConfig.layer_types must give one of {list(LAYER_TYPES)} for each of the "
@@ -103,10 +124,30 @@ class ModelConfig:
                     isinstance(self.sliding_window, int) and self.sliding_window >= 1):
                 raise ValueError(f"ModelConfig.sliding_window must be an int >= 1 for sliding_attention layers, "
                                  f"got {self.sliding_window!r}")
+        if self.num_experts:
+            self._check_experts()
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(
                 f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
             )
+
+    def _check_experts(self):
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int with num_experts > 0, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"ModelConfig.num_experts_per_tok ({self.num_experts_per_tok}) must be <= "
+                             f"num_experts ({self.num_experts})")
+        if not isinstance(self.mlp_only_layers, tuple) or not all(
+                isinstance(i, int) and 0 <= i < self.num_layers for i in self.mlp_only_layers):
+            raise ValueError(f"ModelConfig.mlp_only_layers must be a tuple of layer indices in [0, "
+                             f"{self.num_layers}), got {self.mlp_only_layers!r}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer` has the experts (else the dense MLP), by transformers' rule."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
     def remat_policy(self) -> str:

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from grpo_jax.model import moe
 from grpo_jax.model.transformer import default_positions
 
 # Above this many float32 logits ([B, C, V] elements, 256 MiB) token_logprobs works in chunks;
@@ -34,7 +35,8 @@ def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy, ids
 
 def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
                    temperature: float = 1.0, return_entropy: bool = False,
-                   chunk_size: int | None = None, group_size: int = 1, gather_ids_BxCxK=None):
+                   chunk_size: int | None = None, group_size: int = 1, gather_ids_BxCxK=None,
+                   expert_indices_BxLxSxK=None):
     """log softmax(logits / temperature)[token t] given tokens[:, :t], for t in [S - C, S).
 
     Returns logp_BxC float32 (C = num_targets), or (logp_BxC, entropy_BxC) with
@@ -52,6 +54,10 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
 
     gather_ids_BxCxK (int32, optional): then logp_BxC is the pair (logp_BxC, logp_BxCxK), the
     log-probs of these ids at each target position as well (on-policy distillation's top-k).
+
+    expert_indices_BxLxSxK (int32, MoE models, optional): routing replay, sparse layer l uses
+    experts [b, l, t] for token t of row b instead of its router's top-k (`grpo_jax.model.moe`),
+    e.g. those the sampler recorded (`SampleOutput.experts_BxLxSxK`).
     """
     b, s = tokens_BxS.shape
     c = num_targets
@@ -64,6 +70,8 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
             f"token_logprobs: group_size must be an int >= 1 dividing the {b} rows, got {group_size!r}"
         )
     model = nnx.merge(graphdef, params)
+    if expert_indices_BxLxSxK is not None:
+        moe.replay(model, moe.shared_prompt_layout(expert_indices_BxLxSxK, group_size, c))
     h_BxCxD = _target_hidden_states(model, tokens_BxS, attention_mask_BxS, c, group_size)
     targets_BxC = tokens_BxS[:, s - c :]
     v = model.config.vocab_size

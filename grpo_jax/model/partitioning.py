@@ -25,6 +25,15 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
     "gate_proj": ("fsdp", "tensor"),        # [D, F]
     "up_proj": ("fsdp", "tensor"),          # [D, F]
     "down_proj": ("tensor", "fsdp"),        # [F, D]
+    # Experts (grpo_jax.model.moe): E split over "tensor" (expert parallelism on the axis that splits
+    # the dense MLP's width), D over fsdp as every matrix's. The router is small and stays whole on
+    # E. A separate "expert" mesh axis would let experts split over devices that hold whole heads
+    # and batch rows (EP x TP), and pair with an all-to-all token dispatch (shard_map) instead of
+    # the gathers GSPMD inserts around the grouped matmul; not done here.
+    "router": ("fsdp", None),               # [D, E]
+    "expert_gate": ("tensor", "fsdp", None),  # [E, D, I]
+    "expert_up": ("tensor", "fsdp", None),    # [E, D, I]
+    "expert_down": ("tensor", None, "fsdp"),  # [E, I, D]
     "final_norm": (None,),                  # [D]
     "lm_head": ("fsdp", "tensor"),          # [D, V]
 }

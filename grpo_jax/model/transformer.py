@@ -17,6 +17,7 @@ Parameter tree (names are stable; `hf.py` maps Hugging Face tensors onto them):
     layers[i].mlp.gate_proj    [D, F]      HF mlp.gate_proj.weight [F, D] -> .T
     layers[i].mlp.up_proj      [D, F]      HF mlp.up_proj.weight [F, D] -> .T
     layers[i].mlp.down_proj    [F, D]      HF mlp.down_proj.weight [D, F] -> .T
+    layers[i].mlp.router, .expert_gate, .expert_up, .expert_down: a sparse layer's (grpo_jax.model.moe)
     final_norm                 [D]         HF model.norm.weight
     lm_head                    [D, V]      HF lm_head.weight [V, D] -> .T          (untied only)
 """
@@ -31,7 +32,7 @@ from flax import nnx
 
 from jax.ad_checkpoint import checkpoint_name
 
-from grpo_jax.model import blockwise
+from grpo_jax.model import blockwise, moe
 from grpo_jax.model.attention import KVCache, attend, attend_one_query, self_attention, shared_prompt_attention
 from grpo_jax.model.config import DTYPES, ModelConfig
 from grpo_jax.model.kernels import constrain_rows, dense, rms_norm, swiglu
@@ -68,8 +69,9 @@ class _NormalPool:
 
 def _num_random_weights(c: "ModelConfig") -> int:
     d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
-    per_layer = d * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * d * f
-    return v * d * (1 if c.tie_embeddings else 2) + c.num_layers * per_layer
+    attention = d * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+    mlps = sum(moe.num_weights(c) if c.is_sparse(i) else 3 * d * f for i in range(c.num_layers))
+    return v * d * (1 if c.tie_embeddings else 2) + c.num_layers * attention + mlps
 
 
 class Attention(nnx.Module):
@@ -249,7 +251,7 @@ class Block(nnx.Module):
         self.attn_norm = _param("attn_norm", jnp.ones((config.hidden_size,), pd))
         self.attn = Attention(config, normals, layer)
         self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
-        self.mlp = MLP(config, normals)
+        self.mlp = moe.SparseMoe(config, normals) if config.is_sparse(layer) else MLP(config, normals)
 
     def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index, slot_bounds=None):
         eps = self.config.rms_norm_eps

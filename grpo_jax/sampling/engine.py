@@ -20,6 +20,8 @@ class SamplingConfig:
     top_p: float = 1.0      # 1.0: no nucleus filter
     greedy: bool = False
     ignore_eos: bool = False   # benchmarks: every row generates exactly max_new_tokens
+    # MoE models, static engine: also return each token's experts (SampleOutput.experts_BxLxSxK).
+    record_experts: bool = False
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -43,6 +45,9 @@ class SampleOutput:
     mask_BxC: jax.Array            # int32, 1 for real completion tokens (EOS included)
     truncated_B: jax.Array         # bool, no EOS within max_new_tokens
     logprobs_BxC: jax.Array        # float32, log softmax(logits / T)[token]; 0 on padding
+    # int32 [B, L_sparse, P + C, K], SamplingConfig.record_experts only (else None): the experts each
+    # sparse layer chose for every prompt and completion slot, for routing replay (`token_logprobs`).
+    experts_BxLxSxK: jax.Array | None = None
 
 
 @runtime_checkable

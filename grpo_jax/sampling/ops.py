@@ -12,16 +12,22 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax.distributed import sharding
+from grpo_jax.model import moe
 
 
-def decode_step(graphdef, params, caches, key_mask_BxS, tokens_B, positions_B, write_index, slot_bounds=None):
+def decode_step(graphdef, params, caches, key_mask_BxS, tokens_B, positions_B, write_index, slot_bounds=None,
+                record_experts: bool = False):
     """Feeds one token per row at cache slot write_index (one for all rows, or [B]): (next logits_BxV
     float32, new caches). slot_bounds: the lowest and highest write_index of the rows that count
-    (`Attention.__call__`; computed from write_index when None)."""
+    (`Attention.__call__`; computed from write_index when None). record_experts (a MoE model): a
+    third output, the experts each sparse layer chose for each row's token, [L_sparse, B, K] int32."""
     model = nnx.merge(graphdef, params)
+    layers = moe.start_recording(model) if record_experts else []
     h_Bx1xD, caches = model.hidden_states(tokens_B[:, None], positions_B[:, None], key_mask_BxS,
                                           caches, write_index, slot_bounds=slot_bounds)
-    return model.logits(h_Bx1xD)[:, 0], caches
+    if not record_experts:
+        return model.logits(h_Bx1xD)[:, 0], caches
+    return model.logits(h_Bx1xD)[:, 0], caches, moe.recorded_experts(layers)[:, :, 0]
 
 
 def filter_logits(logits_BxV: jax.Array, top_k: int, top_p: float) -> jax.Array:

@@ -180,6 +180,9 @@ class Sampler:
         The static pair's state is a `static.DecodeState`, the continuous one's (slots, prompt store)."""
         copies, layers, kv_heads = num_rows // prefill_rows, self.config.num_layers, self.config.num_kv_heads
         if self.engine == "continuous":
+            if sampling.record_experts:
+                raise ValueError("SamplingConfig.record_experts needs Sampler engine='static'; the continuous "
+                                 "engine does not record experts")
             slots = self.slots_per_device(num_rows)
             key = ("continuous", prompt_len, prefill_rows, num_rows, sampling, rng_impl, forced, slots,
                    self.refill_every)
@@ -199,7 +202,8 @@ class Sampler:
                                    on_trace=self._count_trace)
             # The prefill's cache is updated in place (donated, aliased by the output).
             self._compiled[key] = self._jit_pair(
-                *pair, lambda: static.state_shardings(self.mesh, layers, kv_heads), (1,), forced)
+                *pair, lambda: static.state_shardings(self.mesh, layers, kv_heads, sampling.record_experts), (1,),
+                forced)
         return self._compiled[key]
 
     def _jit_pair(self, prefill_fn, decode_fn, state_shardings, donate, forced: bool):
@@ -286,10 +290,12 @@ class Sampler:
         def run_part(part) -> SampleOutput:
             tokens, mask, first_row, *forced = part
             state, prompt_tokens_BxP = prefill_fn(params, tokens, mask)
-            mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC = decode_fn(
-                params, state, rng_bits, np.int32(first_row), *forced)[1]
+            final, (mask_BxP, tokens_BxC, mask_BxC, truncated_B, logprobs_BxC) = decode_fn(
+                params, state, rng_bits, np.int32(first_row), *forced)
+            experts = final.experts_BxLxSxK if sampling.record_experts else None
             return SampleOutput(prompt_tokens_BxP=prompt_tokens_BxP, prompt_mask_BxP=mask_BxP, tokens_BxC=tokens_BxC,
-                                mask_BxC=mask_BxC, truncated_B=truncated_B, logprobs_BxC=logprobs_BxC)
+                                mask_BxC=mask_BxC, truncated_B=truncated_B, logprobs_BxC=logprobs_BxC,
+                                experts_BxLxSxK=experts)
 
         if len(parts) == 1:
             return run_part(parts[0])

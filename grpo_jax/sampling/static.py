@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from grpo_jax.distributed import sharding
-from grpo_jax.model import KVCache, default_positions
+from grpo_jax.model import KVCache, default_positions, moe
 from grpo_jax.sampling.engine import SamplingConfig
 from grpo_jax.sampling.ops import cache_sharding, decode_step, force_lengths, is_stop, row_keys, sample_tokens
 
@@ -38,6 +38,10 @@ class DecodeState(NamedTuple):
     tokens_BxC: jax.Array
     logprobs_BxC: jax.Array
     done_B: jax.Array              # bool: EOS already emitted
+    # MoE models, prefill(record_experts=True) only: the experts each sparse layer chose for every
+    # prompt and completion slot, [B, L_sparse, P + C, K] int32 (`token_logprobs` replays them);
+    # None otherwise.
+    experts_BxLxSxK: jax.Array | None = None
 
 
 def _pad_slots(x: jax.Array, axis: int, slots: int) -> jax.Array:
@@ -47,15 +51,22 @@ def _pad_slots(x: jax.Array, axis: int, slots: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int) -> DecodeState:
+def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new_tokens: int,
+            record_experts: bool = False) -> DecodeState:
     """Forward over N left-padded prompts once; repeat each row's KV G = `num_samples` times into
     S = P + max_new_tokens slots (row n * G + g of the state is prompt n). With rows sharded, the
-    repeat is local: each device's G copies of its prompts are its own rows.
+    repeat is local: each device's G copies of its prompts are its own rows. record_experts (a MoE
+    model): the state records the experts of every prompt token now, of every completion token in
+    `decode` (DecodeState.experts_BxLxSxK).
     """
     model = nnx.merge(graphdef, params)
     g, c = num_samples, max_new_tokens
     p = tokens_NxP.shape[1]
+    layers = moe.start_recording(model) if record_experts else []
     h_NxPxD, kv = model.hidden_states(tokens_NxP, default_positions(mask_NxP), mask_NxP, max_position=p)
+    experts = None
+    if record_experts:
+        experts = _pad_slots(jnp.repeat(jnp.moveaxis(moe.recorded_experts(layers), 0, 1), g, axis=0), 2, c)
     # Left padding puts every prompt's last real token in slot P - 1.
     logits_NxV = model.logits(h_NxPxD[:, -1:])[:, 0]
 
@@ -74,6 +85,7 @@ def prefill(graphdef, params, tokens_NxP, mask_NxP, *, num_samples: int, max_new
         tokens_BxC=jnp.zeros((b, max_new_tokens), jnp.int32),
         logprobs_BxC=jnp.zeros((b, max_new_tokens), jnp.float32),
         done_B=jnp.zeros((b,), bool),
+        experts_BxLxSxK=experts,
     )
 def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampling: SamplingConfig,
            eos_id: int | tuple[int, ...], pad_id: int, first_row=0, forced_length_B=None) -> DecodeState:
@@ -117,8 +129,16 @@ def decode(graphdef, params, state: DecodeState, rng, *, prompt_len: int, sampli
         # each threefry + sort instance costs seconds of compile time on a CPU.
         st = record(st)
         token_B = jax.lax.dynamic_index_in_dim(st.tokens_BxC, st.step - 1, axis=1, keepdims=False)
-        logits_BxV, caches = decode_step(graphdef, params, st.caches, st.key_mask_BxS, token_B,
-                                         st.positions_B, prompt_len + st.step - 1)
+        slot = prompt_len + st.step - 1
+        if st.experts_BxLxSxK is None:
+            logits_BxV, caches = decode_step(graphdef, params, st.caches, st.key_mask_BxS, token_B,
+                                             st.positions_B, slot)
+        else:  # the fed token's experts go to its slot
+            logits_BxV, caches, experts_LxBxK = decode_step(graphdef, params, st.caches, st.key_mask_BxS, token_B,
+                                                            st.positions_B, slot, record_experts=True)
+            zero = jnp.zeros((), jnp.int32)
+            st = st._replace(experts_BxLxSxK=jax.lax.dynamic_update_slice(
+                st.experts_BxLxSxK, jnp.moveaxis(experts_LxBxK, 0, 1)[:, :, None], (zero, zero, slot, zero)))
         return st._replace(caches=caches, logits_BxV=logits_BxV, positions_B=st.positions_B + 1)
 
     state = state._replace(tokens_BxC=jnp.full_like(state.tokens_BxC, pad_id))
@@ -152,7 +172,7 @@ def programs(graphdef, *, prompt_len: int, copies: int, sampling: SamplingConfig
     def prefill_fn(params, tokens_MxP, mask_MxP):
         on_trace()
         state = prefill(graphdef, params, tokens_MxP, mask_MxP, num_samples=copies,
-                        max_new_tokens=sampling.max_new_tokens)
+                        max_new_tokens=sampling.max_new_tokens, record_experts=sampling.record_experts)
         return state, jnp.repeat(tokens_MxP, copies, axis=0)
 
     def decode_fn(params, state, rng, first_row, *forced_length_B):
@@ -170,10 +190,11 @@ def programs(graphdef, *, prompt_len: int, copies: int, sampling: SamplingConfig
     return prefill_fn, decode_fn
 
 
-def state_shardings(mesh, num_layers: int, num_kv_heads: int) -> DecodeState:
+def state_shardings(mesh, num_layers: int, num_kv_heads: int, record_experts: bool = False) -> DecodeState:
     """`DecodeState`'s layout on `mesh`: rows over ("data", "fsdp"), the caches as `cache_sharding`."""
     rows, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     heads = cache_sharding(mesh, num_kv_heads)
     return DecodeState(caches=[KVCache(heads, heads) for _ in range(num_layers)],
                        key_mask_BxS=rows, logits_BxV=rows, positions_B=rows, step=whole,
-                       tokens_BxC=rows, logprobs_BxC=rows, done_B=rows)
+                       tokens_BxC=rows, logprobs_BxC=rows, done_B=rows,
+                       experts_BxLxSxK=rows if record_experts else None)
