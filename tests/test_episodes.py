@@ -22,7 +22,7 @@ from flax import nnx
 from grpo_jax import model as M
 from grpo_jax.core import losses
 from grpo_jax.episodes import EpisodeError, Reply
-from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
+from grpo_jax.training.episode_rollout import EpisodeLimits, run_episodes
 from grpo_jax.io.tokenizer import CharTokenizer
 from grpo_jax.sampling import sampler as S
 from grpo_jax.sampling.engine import SamplingConfig

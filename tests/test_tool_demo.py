@@ -16,7 +16,7 @@ import pytest
 
 from grpo_jax.config.files import load_config_file
 from grpo_jax.episodes import Reply
-from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
+from grpo_jax.training.episode_rollout import EpisodeLimits, run_episodes
 from grpo_jax.io.tokenizer import CharTokenizer
 from grpo_jax.sampling.engine import SamplingConfig
 from grpo_jax.tasks import make_task

@@ -183,7 +183,7 @@ class _Equals:
 def test_episodes_on_the_engine_equal_the_builtin_samplers_turn_for_turn(model_and_engine):
     """The engine takes each turn's context (prompt, turns, the environment's replies) as its prompt;
     greedy episodes are the built-in engine's, token for token, and their log-probs agree."""
-    from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
+    from grpo_jax.training.episode_rollout import EpisodeLimits, run_episodes
     from grpo_jax.training.rollout import encode_prompt
 
     graphdef, params, engine = model_and_engine

@@ -1,8 +1,8 @@
-"""Episodes: multi-turn rollouts against an environment (tools, feedback, games).
+"""Episodes: what a multi-turn rollout plays against (environments, tools, feedback, games). The
+turn loop that plays them over a sampling engine is the training layer's
+(`grpo_jax.training.episode_rollout`): tasks may make environments, engines never need them.
 
 `environment`   the interface an environment implements (`Environment`, `Reply`)
-`rollout`       the turn loop over any sampling engine, and the token masks that keep environment
-                tokens out of the loss
 `task`          a task played as episodes (`with_environment`)
 `tools`         plain functions (or a TRL environment class's methods) as tools; `tool_schema`,
                 `tool_calls`: their JSON schemas and the parsing of a turn's calls

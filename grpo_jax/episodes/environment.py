@@ -13,7 +13,7 @@ user message, or to a text prompt). Then, until the episode ends:
 An episode also ends after `max_turns` model turns or when the total token budget
 (`sampling.max_new_tokens`, which counts model and environment tokens, as TRL's
 max_completion_length does) is spent. Environment tokens are in the context the model reads but
-never in the loss (`episodes.rollout`: `tool_mask`).
+never in the loss (`training.episode_rollout`: `tool_mask`).
 
 Rewards: `Reply.reward` values (per turn, optional) add up to the episode's environment reward, which
 the trainer scores as the reward function "environment" beside the task's own functions; reward
@@ -70,6 +70,8 @@ def checked_reply(env: object, reply: object, where: str) -> Reply:
     message) are accepted as shorthands. Anything else is an `EpisodeError` naming `where`."""
     if isinstance(reply, Reply):
         return reply
+    if isinstance(reply, bool):
+        return Reply(done=reply)
     if reply is None:
         return Reply()
     if isinstance(reply, str):

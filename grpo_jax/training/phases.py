@@ -27,6 +27,7 @@ import numpy as np
 from grpo_jax.core import advantage_estimators as estimators
 from grpo_jax.core import advantages as adv_lib
 from grpo_jax.training import length_buckets
+from grpo_jax.training.episode_rollout import episode_metrics, turn_steps
 from grpo_jax.training import metric_rules
 from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.io import sample_view
@@ -58,7 +59,7 @@ class StepBatch:
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, this process's
     episode_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # turns, tools (every process's)
     # Episodes: each row's turns as process-reward steps, "ends" / "rewards" [B, max_turns]
-    # (`episodes.rollout.turn_steps`); None for single answers.
+    # (`training.episode_rollout.turn_steps`); None for single answers.
     turn_steps: dict[str, np.ndarray] | None = None
 
 
@@ -156,8 +157,6 @@ def _gathered_episodes(processes, episodes, max_turns: int) -> dict:
     process's); nothing for single answers."""
     if episodes is None:
         return {}
-    from grpo_jax.episodes.rollout import turn_steps
-
     seconds = processes.gather(np.array([episodes.environment_seconds], np.float64)).max()
     rows = {**episodes.row_values(), **{f"turn_{k}": v for k, v in turn_steps(episodes, max_turns).items()}}
     return {"episode_rows": {k: processes.gather(v) for k, v in rows.items()}, "environment_seconds": float(seconds)}
@@ -206,12 +205,10 @@ def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], a
 
 
 def _chosen_episodes(rounds: list, row_index: np.ndarray) -> dict:
-    """The chosen rows' episode metrics (`episodes.rollout.episode_metrics`) and turns as steps
-    (`episodes.rollout.turn_steps`), as StepBatch fields; none for single answers."""
+    """The chosen rows' episode metrics (`training.episode_rollout.episode_metrics`) and turns as steps
+    (`training.episode_rollout.turn_steps`), as StepBatch fields; none for single answers."""
     if "episode_rows" not in rounds[0][1]:
         return {}
-    from grpo_jax.episodes.rollout import episode_metrics
-
     rows = {k: np.concatenate([r["episode_rows"][k] for _, r in rounds])[row_index]
             for k in rounds[0][1]["episode_rows"]}
     return {"episode_metrics": episode_metrics(rows, sum(r["environment_seconds"] for _, r in rounds)),

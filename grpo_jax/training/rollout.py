@@ -20,6 +20,7 @@ from grpo_jax.distributed.processes import Processes
 from grpo_jax.rewards import compute_rewards
 from grpo_jax.rewards.calling import RewardLog, TrainerState
 from grpo_jax.sampling.engine import SampleOutput, SamplingConfig, SamplingEngine
+from grpo_jax.training.episode_rollout import EpisodeLimits, run_episodes
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:
@@ -53,7 +54,7 @@ class PendingRollout:
     num_samples: int
     dispatched_at: float  # time.perf_counter() when the sampler was called
     # Multi-turn rollouts (the task has an environment): the played episodes; `sample` is then host
-    # numpy holding every turn and environment reply (`grpo_jax.episodes.rollout`).
+    # numpy holding every turn and environment reply (`grpo_jax.training.episode_rollout`).
     episodes: Any = None
 
 
@@ -77,7 +78,7 @@ class Rollout:
     reward_seconds: float = 0.0  # host time spent in the reward functions
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, averaged
     reward_extra: dict[str, list] = dataclasses.field(default_factory=dict)  # TRL's log_extra, one per row
-    episodes: Any = None  # the played episodes (`grpo_jax.episodes.rollout.EpisodeBatch`), for a task with an environment
+    episodes: Any = None  # the played episodes (`grpo_jax.training.episode_rollout.EpisodeBatch`), for a task with an environment
 
 
 def dispatch_rollout(
@@ -99,8 +100,6 @@ def dispatch_rollout(
 
 def episode_limits(config):
     """The configured episode limits (`task.max_turns`, `task.max_tokens_per_turn`)."""
-    from grpo_jax.episodes.rollout import EpisodeLimits
-
     task = config.task
     return EpisodeLimits(max_turns=task.max_turns, max_tokens_per_turn=task.max_tokens_per_turn,
                          workers=task.environment_workers, turn_rewards=task.turn_rewards)
@@ -110,8 +109,6 @@ def play_rollout(sampler: SamplingEngine, params, tokenizer, examples: Sequence[
                  limits, num_samples: int, sampling: SamplingConfig, rng: jax.Array, processes=None) -> PendingRollout:
     """`dispatch_rollout` for a task with an environment: plays the episodes to their end (every turn
     is a sampler call, and the environment answers on the host in between)."""
-    from grpo_jax.episodes.rollout import run_episodes
-
     t0 = time.perf_counter()
     sample, episodes = run_episodes(sampler, params, tokenizer, examples, environment_factory=environment_factory,
                                     limits=limits, num_samples=num_samples, sampling=sampling, rng=rng,
@@ -267,8 +264,6 @@ def _check_batch(sampler: SamplingEngine, params, tokenizer, task, examples: Seq
     chunk += [chunk[-1]] * (batch_prompts - real)  # fixed shape: pad with repeats, ignored below
     factory = getattr(task, "environment_factory", None)
     if factory is not None:  # episodes: the answer is the last turn (see score_rollout)
-        from grpo_jax.episodes.rollout import EpisodeLimits, run_episodes
-
         sample, played = run_episodes(sampler, params, tokenizer, chunk[local], environment_factory=factory,
                                       limits=episode_limits or EpisodeLimits(max_turns=4), num_samples=num_samples,
                                       sampling=sampling, rng=rng, encode_prompt=encode_prompt, processes=processes)
