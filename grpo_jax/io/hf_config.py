@@ -143,7 +143,8 @@ def _gemma3_fields(hf_config: dict[str, Any], num_layers: int) -> dict[str, Any]
         rope_local_theta=float(local.get("rope_theta", 10_000.0)) if sliding else None,
         sliding_window=window if sliding else None, layer_types=tuple(types) if sliding else None,
         hidden_act=act, rms_norm_offset=True, sandwich_norms=True, embed_scale=True, qk_norm=True,
-        query_pre_attn_scalar=float(hf_config.get("query_pre_attn_scalar", 256)),
+        query_pre_attn_scalar=_number(hf_config, "query_pre_attn_scalar", float)
+        if "query_pre_attn_scalar" in hf_config else 256.0,
         final_logit_softcap=None if softcap is None else float(softcap),
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", True)),
         head_dim=int(hf_config.get("head_dim", 256)),
@@ -303,6 +304,11 @@ def _scaling_json(scaling: RopeScaling | None) -> dict[str, Any] | None:
     return {"rope_type": "llama3", **{k: v for k, v in dataclasses.asdict(scaling).items() if k != "rope_type"}}
 
 
+def _whole(x: float) -> float | int:
+    """x as an int when it is a whole number (config.json fields typed int by transformers)."""
+    return int(x) if float(x).is_integer() else x
+
+
 def _fresh_gemma3_config(c: ModelConfig) -> dict[str, Any]:
     """Gemma3ForCausalLM's config.json for `c`, in the spelling of the published checkpoints
     (rope_theta, rope_local_base_freq, rope_scaling), which transformers 5 and vLLM also read.
@@ -317,7 +323,9 @@ def _fresh_gemma3_config(c: ModelConfig) -> dict[str, Any]:
         "rope_local_base_freq": c.rope_local_theta if c.rope_local_theta is not None else c.rope_theta,
         "rope_scaling": _scaling_json(c.rope_scaling), "sliding_window": c.sliding_window,
         "layer_types": list(c.layer_types or ("full_attention",) * c.num_layers),
-        "query_pre_attn_scalar": c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None else c.head_dim,
+        # transformers' Gemma3TextConfig takes an int here (strict typing), Gemma's values are whole.
+        "query_pre_attn_scalar": _whole(c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None
+                                        else c.head_dim),
         "final_logit_softcapping": c.final_logit_softcap, "attn_logit_softcapping": None,
         "attention_bias": False, "torch_dtype": c.param_dtype,
     }
