@@ -15,6 +15,7 @@ logits by >= 1e-2 (the sensitivity test below).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -157,6 +158,18 @@ def test_export_without_source_reloads_equal(tmp_path):
     again = hf.load_model(out)
     assert again.config == model.config
     jax.tree.map(np.testing.assert_array_equal, _params(again), _params(model))
+
+
+def test_export_keeps_the_published_config_key_by_key():
+    # A model read from Gemma 3 1B's config.json and exported with it as the base writes it back
+    # as published (its transformers-4 spelling, sliding_window_pattern, no layer_types), but the
+    # weights' dtype (float32 masters here).
+    config = hf.config_from_hf(GEMMA3_1B, param_dtype="float32", dtype="bfloat16")
+    assert hf.hf_config_from(config, GEMMA3_1B) == {**GEMMA3_1B, "torch_dtype": "float32"}
+    # A changed field rewrites its group only: a wider window writes the window and layer types afresh.
+    wider = hf.hf_config_from(dataclasses.replace(config, sliding_window=1024), GEMMA3_1B)
+    assert (wider["sliding_window"], wider["layer_types"][:6]) == (1024, ["sliding_attention"] * 5 + ["full_attention"])
+    assert "sliding_window_pattern" not in wider and wider["rope_local_base_freq"] == 10000
 
 
 def test_a_fresh_gemma_shaped_model_exports_only_whole():
