@@ -124,7 +124,7 @@ def test_fixture_logits_equal_transformers(impl):
 
 
 @pytest.mark.parametrize("edit", [
-    pytest.param(lambda c: c.update(layer_types=["full_attention"] * 4), id="no-window"),
+    pytest.param(lambda c: c.update(sliding_window=64), id="window-past-the-rows"),
     pytest.param(lambda c: c.update(query_pre_attn_scalar=16), id="scale-head_dim"),
     pytest.param(lambda c: c["rope_parameters"]["sliding_attention"].update(rope_theta=1e6), id="local-base"),
     pytest.param(lambda c: c["rope_parameters"].update(full_attention={"rope_type": "default", "rope_theta": 1e6}),

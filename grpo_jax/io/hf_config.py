@@ -112,7 +112,7 @@ def _gemma3_fields(hf_config: dict[str, Any], num_layers: int) -> dict[str, Any]
                          ("attention_bias", False)):
         if hf_config.get(key, lacking) not in (lacking, False):
             raise ValueError(f"config.json {key}={hf_config[key]!r} is not supported for {GEMMA3}; "
-                             f"supported: {lacking!r} (the attention kernels have no such option)")
+                             f"supported: {lacking!r} (the model has no such option)")
     act = hf_config.get("hidden_activation") or hf_config.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"config.json hidden_activation {act!r} is not supported for {GEMMA3}; "
@@ -137,14 +137,14 @@ def _gemma3_fields(hf_config: dict[str, Any], num_layers: int) -> dict[str, Any]
         raise ValueError(f"config.json rope_parameters.sliding_attention {local!r}: scaled RoPE in sliding "
                          "layers is not supported; supported: rope_type 'default'")
     softcap = hf_config.get("final_logit_softcapping")
+    scalar = _number(hf_config, "query_pre_attn_scalar", float) if "query_pre_attn_scalar" in hf_config else 256.0
     sliding = "sliding_attention" in types
     return dict(
         rope_theta=float(full.get("rope_theta", 1_000_000.0)), rope_scaling=_scaling(full),
         rope_local_theta=float(local.get("rope_theta", 10_000.0)) if sliding else None,
         sliding_window=window if sliding else None, layer_types=tuple(types) if sliding else None,
         hidden_act=act, rms_norm_offset=True, sandwich_norms=True, embed_scale=True, qk_norm=True,
-        query_pre_attn_scalar=_number(hf_config, "query_pre_attn_scalar", float)
-        if "query_pre_attn_scalar" in hf_config else 256.0,
+        query_pre_attn_scalar=scalar,
         final_logit_softcap=None if softcap is None else float(softcap),
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", True)),
         head_dim=int(hf_config.get("head_dim", 256)),
