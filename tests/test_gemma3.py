@@ -296,3 +296,55 @@ def test_update_gradients_equal_with_the_blockwise_kernel():
     ref, blk = grads("xla"), grads("blockwise")
     violations = jax.tree.map(lambda a, b: normwise_violation(a, b, GRAD_REL_ERR), blk, ref)
     assert max(jax.tree.leaves(violations)) <= 0
+
+
+GEMMA_RUN = """
+from grpo_jax.config import (Config, EvalSection, GRPOSection, LoraSection, ModelSection, OptimSection,
+                             SamplingSection, TaskSection, TrainSection)
+
+def get_config():
+    return Config(
+        model=ModelSection(hf_path={ckpt!r}),
+        task=TaskSection(name="jsonl", options={{"path": {data!r}, "answer_location": "gsm8k"}}),
+        sampling=SamplingSection(max_new_tokens=12),
+        grpo=GRPOSection(prompts_per_step=2, num_generations=4, beta=0.04, grad_accum_steps=2),
+        optim=OptimSection(learning_rate=1e-3), eval=EvalSection(every=0), lora=LoraSection(r={r}),
+        train=TrainSection(steps=2, run_dir={run!r}, checkpoint_every=1, export_hf=True, report_to=()),
+    )
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_a_gemma3_checkpoint_trains_and_exports_through_the_cli(lora_r, tmp_path):
+    # A random Gemma 3 (window 8, two of four layers sliding) with the tiny instruct tokenizer:
+    # chat prompts of ~100 tokens run past the window in the rollout, reference and update.
+    import os
+    import subprocess
+    import sys
+
+    from grpo_jax.tasks import named_eval_set
+    from hf_fixtures import make_tiny_instruct_checkpoint
+
+    qwen = make_tiny_instruct_checkpoint(tmp_path / "qwen")
+    source = hf.read_config(qwen)
+    config = hf.config_from_hf({**GEMMA3_1B, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+                                "head_dim": 16, "num_key_value_heads": 2, "vocab_size": source["vocab_size"],
+                                "sliding_window": 8, "sliding_window_pattern": 2, "query_pre_attn_scalar": 24})
+    ckpt = hf.save_model(M.init_model(config, 0), tmp_path / "gemma")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "generation_config.json"):
+        shutil.copy(qwen / name, ckpt / name)
+    rows = [json.loads(line) for line in open(named_eval_set("gsm8k"))][:8]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["question"]}],
+                                        "answer": r["answer"]}) + "\n" for r in rows))
+    run = tmp_path / "run"
+    (tmp_path / "cfg.py").write_text(GEMMA_RUN.format(ckpt=str(ckpt), data=str(data), run=str(run), r=lora_r))
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "grpo_jax", "train", "--config", str(tmp_path / "cfg.py")],
+                          capture_output=True, text=True, cwd=root, timeout=900,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "sliding window 8 in 2 of 4 layers" in done.stderr + done.stdout
+    exported = hf.load_model(run / "hf")
+    assert exported.config == config
