@@ -74,7 +74,7 @@ class ModelConfig:
     # layer_types None: every layer full attention.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
-    # Gemma 2/3 (Hugging Face's Gemma3ForCausalLM); each default is the Llama / Qwen behaviour.
+    # Gemma 3 (Hugging Face's Gemma3ForCausalLM); each default is the Llama / Qwen behaviour.
     # rope_local_theta: the RoPE base of the sliding-window layers (HF rope_local_base_freq; they
     # take no rope_scaling); None: every layer uses rope_theta and rope_scaling.
     rope_local_theta: float | None = None
