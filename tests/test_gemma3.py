@@ -100,7 +100,7 @@ def test_gemma3_4b_text_rope_scaling_is_linear_on_global_layers_only():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 is not supported"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 is not supported.*transformers ignores"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention=True is not supported"),
     ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported"),
     ({"layer_types": ["sliding_attention"]}, "layer_types must name"),
@@ -348,3 +348,111 @@ def test_a_gemma3_checkpoint_trains_and_exports_through_the_cli(lora_r, tmp_path
     assert "sliding window 8 in 2 of 4 layers" in done.stderr + done.stdout
     exported = hf.load_model(run / "hf")
     assert exported.config == config
+
+
+# ---------------------------------------------------------------- attention logit soft-cap (Gemma 2's)
+
+def _capped_reference(q, k, v, valid, window, cap):
+    """Attention with soft-capped scores written out: [B, T, N, H] (kv head n // R, HF order)."""
+    b, t, n, h = q.shape
+    r = n // k.shape[2]
+    kk, vv = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
+    scores = jnp.einsum("btnh,bsnh->bnts", q, kk) / np.sqrt(h)
+    scores = cap * jnp.tanh(scores / cap)
+    rel = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
+    seen = (rel >= 0) & (rel < window) & (valid[:, None, None, :] > 0)
+    probs = jax.nn.softmax(jnp.where(seen, scores, -1e30), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", probs, vv)
+
+
+def test_attention_logit_softcap_in_every_kernel():
+    # A cap of 0.5 on scores of size ~1 bends them hard: a kernel that skipped it would be off by
+    # ~1e-1. Agreement to float32 summation order over <= 12 keys of head_dim 8: ~1e-6 relative;
+    # FORWARD_REL_ERR (1e-4) norm-wise leaves a wide margin, gradients GRAD_REL_ERR.
+    from grpo_jax.model import attention, blockwise
+    from tolerances import GRAD_REL_ERR
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    b, t, n, kv, h, window, cap = 2, 12, 4, 2, 8, 5, 0.5
+    q = jax.random.normal(keys[0], (b, t, n, h))
+    k, v = jax.random.normal(keys[1], (b, t, kv, h)), jax.random.normal(keys[2], (b, t, kv, h))
+    valid = jnp.ones((b, t), jnp.int32).at[1, :3].set(0)
+    real = np.asarray(valid, bool)
+    want = _capped_reference(q, k, v, valid, window, cap)
+    assert normwise_violation(_capped_reference(q, k, v, valid, window, 1e4)[real], want[real], 1e-2) > 0
+    for impl in ("xla", "blockwise", "splash"):
+        got = attention.self_attention(q, k, v, valid, impl=impl, window=window, softcap=cap)
+        assert normwise_violation(got[real], want[real], FORWARD_REL_ERR) <= 0, impl
+    tiled = blockwise.blockwise_attention(q, k, v, valid, window=window, softcap=cap, block_q=8, block_k=8)
+    assert normwise_violation(tiled[real], want[real], FORWARD_REL_ERR) <= 0
+    # Decode: the last query over the cache, whole and block by block.
+    keys_BxKxHxS, values_BxKxSxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    last = attention.causal_visible(valid, 1, t - 1, window)
+    one = attention.attend_one_query(q[:, -1:], keys_BxKxHxS, values_BxKxSxH, last, cap)
+    blocks = blockwise.decode_attention(q[:, -1:], keys_BxKxHxS, values_BxKxSxH, valid, jnp.full((b,), t - 1),
+                                        (t - 1, t - 1), window=window, block=4, softcap=cap)
+    for got in (one, blocks):
+        assert normwise_violation(got.reshape(b, n, h), want[:, -1], FORWARD_REL_ERR) <= 0
+    # Backward: the blockwise kernel's hand-written gradient against autodiff of the reference.
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(jnp.where(real[:, :, None, None], fn(q, k, v), 0.0) ** 2)
+
+    ref = jax.grad(loss(lambda q, k, v: _capped_reference(q, k, v, valid, window, cap)), argnums=(0, 1, 2))(q, k, v)
+    blk = jax.grad(loss(lambda q, k, v: blockwise.blockwise_attention(
+        q, k, v, valid, window=window, softcap=cap, block_q=8, block_k=8)), argnums=(0, 1, 2))(q, k, v)
+    for a, b_ in zip(blk, ref):
+        assert normwise_violation(a, b_, GRAD_REL_ERR) <= 0
+
+
+def _with_config(model, **changes):
+    """The model's weights under its config with `changes` (same parameter tree)."""
+    config = dataclasses.replace(model.config, **changes)
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: M.Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
+    return nnx.merge(graphdef, nnx.state(model, nnx.Param))
+
+
+def test_attention_logit_softcap_in_the_model_and_its_decode():
+    # The fixture's weights with a cap of 0.3: the cap moves the logits, every kernel agrees on
+    # them, and the cached decode applies it (greedy tokens = argmax of the full forward past the
+    # window). No HF architecture carries it yet, so an export is refused.
+    model = hf.load_model(FIXTURE)
+    capped = _with_config(model, attn_logit_softcap=0.3)
+    assert _violation(capped) > 1e-2
+    e = _expected()
+    real = e["mask_BxT"].astype(bool)
+    logits = {impl: _logits(_with_config(capped, attention_impl=impl), e["tokens_BxT"], e["mask_BxT"])
+              for impl in ("xla", "blockwise", "splash")}
+    for impl in ("blockwise", "splash"):
+        assert normwise_violation(logits[impl][real], logits["xla"][real], FORWARD_REL_ERR) <= 0, impl
+    with pytest.raises(ValueError, match="attn_logit_softcap=0.3 has no HF architecture"):
+        hf.architecture_for(capped.config)
+    graphdef, params = nnx.split(capped, nnx.Param)
+    sampler = S.Sampler(graphdef, capped.config, eos_id=1, pad_id=0)
+    greedy = S.SamplingConfig(max_new_tokens=8, greedy=True, ignore_eos=True)
+    out = sampler(params, PROMPTS, num_samples=1, sampling=greedy, rng=jax.random.key(0))
+    tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
+    mask = jnp.concatenate([out.prompt_mask_BxP, jnp.ones_like(out.tokens_BxC)], axis=1)
+    p = out.prompt_tokens_BxP.shape[1]
+    full = np.asarray(full_forward(graphdef, params, tokens, mask))[:, p - 1 : p - 1 + 8]
+    np.testing.assert_array_equal(out.tokens_BxC, full.argmax(-1))
+
+
+@pytest.mark.parity
+def test_parity_transformers_gemma3_ignores_attn_logit_softcapping():
+    # Why config.json's attn_logit_softcapping is refused for Gemma 3: transformers' eager attention
+    # can soft-cap, but Gemma3Attention never passes the cap to it, so set or null the logits are
+    # the same. If a transformers release starts applying it, this fails and the refusal can go.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import sys
+
+    sys.path.insert(0, str(FIXTURE.parent))
+    import make_hf_fixtures as mk
+
+    tokens, mask = mk.fixed_tokens(seed=3)
+    logits = []
+    for cap in (None, 0.3):
+        config = transformers.Gemma3TextConfig(**{**mk.hf_configs()["gemma3"].to_dict(), "attn_logit_softcapping": cap,
+                                                  "attn_implementation": "eager"})
+        logits.append(mk.hf_logits(mk.random_hf_model(config, seed=9), tokens, mask))
+    np.testing.assert_array_equal(logits[0], logits[1])

@@ -108,11 +108,16 @@ def _sliding_windows(hf_config: dict[str, Any], arch: str, num_layers: int):
 def _gemma3_fields(hf_config: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """ModelConfig fields of a Gemma3ForCausalLM config.json, read as transformers' Gemma3TextConfig
     does (its defaults where a key is absent); what the model lacks is an error naming the key."""
-    for key, lacking in (("attn_logit_softcapping", None), ("use_bidirectional_attention", False),
-                         ("attention_bias", False)):
+    for key, lacking in (("use_bidirectional_attention", False), ("attention_bias", False)):
         if hf_config.get(key, lacking) not in (lacking, False):
             raise ValueError(f"config.json {key}={hf_config[key]!r} is not supported for {GEMMA3}; "
                              f"supported: {lacking!r} (the model has no such option)")
+    if hf_config.get("attn_logit_softcapping") is not None:
+        # transformers' Gemma3ForCausalLM keeps the field but never applies it (its logits are the
+        # same with and without; the parity test checks that), while our kernels would: no
+        # reading of such a file agrees with the reference implementation.
+        raise ValueError(f"config.json attn_logit_softcapping={hf_config['attn_logit_softcapping']!r} is not "
+                         f"supported for {GEMMA3}: transformers ignores it there; supported: null")
     act = hf_config.get("hidden_activation") or hf_config.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"config.json hidden_activation {act!r} is not supported for {GEMMA3}; "
@@ -210,6 +215,9 @@ _GEMMA_ONLY = ("rms_norm_offset", "sandwich_norms", "embed_scale", "rope_local_t
 
 def architecture_for(config: ModelConfig) -> str:
     """The HF architecture `config` exports as; a model no supported architecture fits is an error."""
+    if config.attn_logit_softcap is not None:
+        raise ValueError(f"attn_logit_softcap={config.attn_logit_softcap} has no HF architecture to export as: "
+                         f"{GEMMA3} in transformers ignores it (Gemma 2 applies it, and is not supported yet)")
     if config.hidden_act != "silu" or any(getattr(config, f) not in (None, False) for f in _GEMMA_ONLY):
         wrong = {f: getattr(config, f) for f, want in _GEMMA3_SHAPE.items() if getattr(config, f) != want}
         if wrong:
@@ -250,7 +258,7 @@ _CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
                                          "max_window_layers", "sliding_window_pattern")),
     (("query_pre_attn_scalar",), ("query_pre_attn_scalar",)),
-    (("final_logit_softcap",), ("final_logit_softcapping", "attn_logit_softcapping")),
+    (("final_logit_softcap", "attn_logit_softcap"), ("final_logit_softcapping", "attn_logit_softcapping")),
 )
 _DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
 

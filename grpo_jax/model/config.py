@@ -93,6 +93,10 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     # final_logit_softcap: logits = cap * tanh(logits / cap) (None: none).
     final_logit_softcap: float | None = None
+    # attn_logit_softcap: attention scores (after scaling) = cap * tanh(scores / cap) in every kernel
+    # but cuDNN's, which has no such option (None: none). Gemma 2's attn_logit_softcapping; no
+    # supported HF architecture applies it yet (transformers' Gemma 3 ignores the field).
+    attn_logit_softcap: float | None = None
     # How the passes run, not the architecture (never written to an HF config.json).
     # remat (`REMAT_POLICIES`): what each layer keeps for the backward pass. "none": everything;
     # "layer_inputs" (or True): only its input, everything inside recomputed (about a third more
@@ -139,7 +143,7 @@ class ModelConfig:
                                  f"got {self.sliding_window!r}")
         if self.hidden_act not in HIDDEN_ACTS:
             raise ValueError(f"ModelConfig.hidden_act must be one of {list(HIDDEN_ACTS)}, got {self.hidden_act!r}")
-        for name in ("rope_local_theta", "query_pre_attn_scalar", "final_logit_softcap"):
+        for name in ("rope_local_theta", "query_pre_attn_scalar", "final_logit_softcap", "attn_logit_softcap"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not value > 0):

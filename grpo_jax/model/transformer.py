@@ -156,7 +156,8 @@ class Attention(nnx.Module):
         n, l = x_NxLxD.shape[:2]
         q, k, v = self._qkv(x_NxLxD, rope)
         out_NxLxNxH = shared_prompt_attention(q, k, v, prompt_mask_NxP, completion_mask_NxGxC,
-                                              impl=c.attention_impl, window=self.window)
+                                              impl=c.attention_impl, window=self.window,
+                                              softcap=c.attn_logit_softcap)
         w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * c.head_dim, c.hidden_size)
         return checkpoint_name(dense(out_NxLxNxH.reshape(n, l, -1), w_o), "o_proj")
 
@@ -183,7 +184,8 @@ class Attention(nnx.Module):
         k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         write_index = jnp.asarray(write_index, jnp.int32)
         if cache is None:
-            out_BxTxNxH = self_attention(q, k, v, key_mask_BxS, impl=c.attention_impl, window=self.window)
+            out_BxTxNxH = self_attention(q, k, v, key_mask_BxS, impl=c.attention_impl, window=self.window,
+                                         softcap=c.attn_logit_softcap)
             return self._project_out(out_BxTxNxH.reshape(b, t, n * hd)), KVCache(k_BxKxHxT, v_BxKxTxH)
         if write_index.ndim == 1:  # one slot per row (continuous batching: rows at different steps)
             cache = KVCache(_write_per_row(cache.k_BxKxHxS, k_BxKxHxT, write_index, axis=2),
@@ -207,7 +209,7 @@ class Attention(nnx.Module):
                 slot_bounds = ((write_index, write_index) if write_index.ndim == 0
                                else (jnp.min(write_index), jnp.max(write_index)))
             out = blockwise.decode_attention(q, keys, values, key_mask_BxS, q_slot_B, slot_bounds,
-                                             window=self.window, block=block)
+                                             window=self.window, block=block, softcap=c.attn_logit_softcap)
             return jnp.einsum("bkgth,kghd->btd", out, o_KxGxHxD), cache
         # Query slots: one for every row ([T]) or a row's own ([B, T]); visible up to the query's.
         if write_index.ndim == 0:
@@ -219,7 +221,7 @@ class Attention(nnx.Module):
         if self.window is not None:
             visible_BxTxS = visible_BxTxS & (q_slot_xT[:, :, None] - k_slot_1x1xS < self.window)
         kernel = attend_one_query if t == 1 else attend
-        out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
+        out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS, c.attn_logit_softcap)
         if t == 1:
             return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
         # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
