@@ -173,6 +173,18 @@ def test_cudnn_layout_rolls_rows_to_their_real_tokens():
             assert normwise_violation(a, r, 4 * (2 * t + h) * U) <= 0, (window, name)
 
 
+def test_one_splash_kernel_serves_two_jitted_programs():
+    # The cached kernel (one per length, heads and window) is first built inside a trace; the
+    # second program of the same shapes reuses it. Before, its mask tables were the first trace's
+    # tracers and the second program failed with UnexpectedTracerError (the update and the
+    # log-prob pass on a TPU are two such programs).
+    q, k = jnp.ones((1, 16, 2, 8)), jnp.ones((1, 16, 1, 8))
+    valid = jnp.ones((1, 16), jnp.int32)
+    first = jax.jit(lambda q: fused.splash_attention(q, k, k, valid, window=3))(q)
+    second = jax.jit(lambda q: fused.splash_attention(2 * q, k, k, valid, window=3))(q)
+    np.testing.assert_array_equal(first, second)  # uniform values: the scale does not matter
+
+
 @pytest.mark.parametrize("window", [None, 20])
 def test_splash_in_interpret_mode_equals_the_reference(window):
     # Pallas splash attention as a TPU runs it, interpreted on the CPU: padding as segment ids, the

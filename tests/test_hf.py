@@ -25,7 +25,7 @@ from full_forward import full_forward
 from hf_fixtures import make_tiny_instruct_checkpoint
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
-ARCHS = ["llama", "qwen2", "qwen3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 
 
 def _params(model):

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5, Qwen3 and Qwen3-MoE causal LMs, safetensors only.
+"""Hugging Face checkpoints in and out: Llama, Qwen2/2.5, Qwen3, Qwen3-MoE and Gemma 3 (text) causal
+LMs, safetensors only.
 
     model = hf.load_model("/ckpt/Qwen2.5-0.5B", dtype="bfloat16")   # model(tokens_BxT) -> logits_BxTxV
     hf.save_model(model, "/out/policy", source_dir="/ckpt/Qwen2.5-0.5B")  # config, tokenizer, weights
@@ -107,13 +108,19 @@ def weight_map(config: ModelConfig) -> list[_Entry]:
             _Entry(p + "self_attn.o_proj.weight", (d, n * h), ours + ("attn", "o_proj"),
                    lambda w, n=n, h=h: w.T.reshape(n, h, w.shape[0]),
                    lambda w: w.reshape(-1, w.shape[-1]).T),
-            _Entry(p + "post_attention_layernorm.weight", (d,), ours + ("mlp_norm",), *same),
         ]
         entries += _expert_entries(c, p, ours) if c.is_sparse(i) else [
             _Entry(p + "mlp.gate_proj.weight", (f, d), ours + ("mlp", "gate_proj"), *_linear(f)),
             _Entry(p + "mlp.up_proj.weight", (f, d), ours + ("mlp", "up_proj"), *_linear(f)),
             _Entry(p + "mlp.down_proj.weight", (d, f), ours + ("mlp", "down_proj"), *_linear(d)),
         ]
+        if c.sandwich_norms:  # Gemma: post_attention_layernorm is the attention's output norm
+            entries += [
+                _Entry(p + "post_attention_layernorm.weight", (d,), ours + ("post_attn_norm",), *same),
+                _Entry(p + "pre_feedforward_layernorm.weight", (d,), ours + ("mlp_norm",), *same),
+                _Entry(p + "post_feedforward_layernorm.weight", (d,), ours + ("post_mlp_norm",), *same)]
+        else:
+            entries.append(_Entry(p + "post_attention_layernorm.weight", (d,), ours + ("mlp_norm",), *same))
         if c.qkv_bias:
             for name, heads in (("q", n), ("k", k), ("v", k)):
                 entries.append(_Entry(p + f"self_attn.{name}_proj.bias", (heads * h,),

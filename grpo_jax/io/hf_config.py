@@ -1,4 +1,5 @@
-"""Hugging Face config.json <-> ModelConfig: which architectures we read (Llama, Qwen2/2.5, Qwen3, Qwen3-MoE),
+"""Hugging Face config.json <-> ModelConfig: which architectures we read (Llama, Qwen2/2.5, Qwen3,
+Qwen3-MoE, Gemma 3 text),
 what their config.json fields mean for the model, and the config.json an export writes (keeping a
 source checkpoint's keys where the model did not change them).
 """
@@ -12,9 +13,11 @@ from typing import Any
 from grpo_jax.io.tokenizer_files import read_json_object
 from grpo_jax.model import ModelConfig, RopeScaling
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                           "Gemma3ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "qwen3_moe": "Qwen3MoeForCausalLM"}
+                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA3 = "Gemma3ForCausalLM"
 # Qwen3-MoE's config.json keys, each the ModelConfig field of the same name. transformers 5 writes
 # num_experts as num_local_experts (its attribute_map); Qwen's checkpoints and vLLM say num_experts.
 _MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
@@ -48,14 +51,20 @@ def _rope(hf_config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     # transformers < 5 writes rope_theta + rope_scaling; 5.x nests both in rope_parameters.
     params = hf_config.get("rope_parameters") or {}
     theta = float(params.get("rope_theta", hf_config.get("rope_theta", 10000.0)))
-    scaling = hf_config.get("rope_scaling") or params
+    return theta, _scaling(hf_config.get("rope_scaling") or params)
+
+
+def _scaling(scaling: dict[str, Any]) -> RopeScaling | None:
+    """The RopeScaling a rope_scaling / rope_parameters dict asks for (None: "default")."""
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return theta, None
+        return None
+    if kind == "linear":
+        return RopeScaling(factor=float(scaling["factor"]), rope_type="linear")
     if kind != "llama3":
         raise ValueError(f"config.json rope type {kind!r} is not supported; supported: 'default', "
-                         "'llama3'")
-    return theta, RopeScaling(
+                         "'llama3', 'linear'")
+    return RopeScaling(
         factor=float(scaling["factor"]),
         low_freq_factor=float(scaling["low_freq_factor"]),
         high_freq_factor=float(scaling["high_freq_factor"]),
@@ -124,11 +133,65 @@ def _moe_fields(hf_config: dict[str, Any], arch: str) -> dict[str, Any]:
     )
 
 
+def _gemma3_fields(hf_config: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """ModelConfig fields of a Gemma3ForCausalLM config.json, read as transformers' Gemma3TextConfig
+    does (its defaults where a key is absent); what the model lacks is an error naming the key."""
+    for key, lacking in (("use_bidirectional_attention", False), ("attention_bias", False)):
+        if hf_config.get(key, lacking) not in (lacking, False):
+            raise ValueError(f"config.json {key}={hf_config[key]!r} is not supported for {GEMMA3}; "
+                             f"supported: {lacking!r} (the model has no such option)")
+    if hf_config.get("attn_logit_softcapping") is not None:
+        # transformers' Gemma3ForCausalLM keeps the field but never applies it (its logits are the
+        # same with and without; the parity test checks that), while our kernels would: no
+        # reading of such a file agrees with the reference implementation.
+        raise ValueError(f"config.json attn_logit_softcapping={hf_config['attn_logit_softcapping']!r} is not "
+                         f"supported for {GEMMA3}: transformers ignores it there; supported: null")
+    act = hf_config.get("hidden_activation") or hf_config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"config.json hidden_activation {act!r} is not supported for {GEMMA3}; "
+                         "supported: 'gelu_pytorch_tanh'")
+    types = hf_config.get("layer_types")
+    if types is None:  # transformers' rule: every pattern-th layer global, the others sliding
+        pattern = int(hf_config.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    window = hf_config.get("sliding_window", 4096)
+    if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"config.json layer_types must name full_attention or sliding_attention for each of "
+                         f"the {num_layers} layers, got {types!r}")
+    if "sliding_attention" in types and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"config.json sliding_window must be a positive int, got {window!r}")
+    # transformers 5: rope_parameters = {layer type: {rope_type, rope_theta, ...}}; before it,
+    # rope_theta + rope_scaling (global layers) and rope_local_base_freq (sliding layers).
+    params = hf_config.get("rope_parameters") or {}
+    full = params.get("full_attention") or {**(hf_config.get("rope_scaling") or {}),
+                                             "rope_theta": hf_config.get("rope_theta", 1_000_000.0)}
+    local = params.get("sliding_attention") or {"rope_theta": hf_config.get("rope_local_base_freq", 10_000.0)}
+    if _scaling(local) is not None:
+        raise ValueError(f"config.json rope_parameters.sliding_attention {local!r}: scaled RoPE in sliding "
+                         "layers is not supported; supported: rope_type 'default'")
+    softcap = hf_config.get("final_logit_softcapping")
+    scalar = _number(hf_config, "query_pre_attn_scalar", float) if "query_pre_attn_scalar" in hf_config else 256.0
+    sliding = "sliding_attention" in types
+    return dict(
+        rope_theta=float(full.get("rope_theta", 1_000_000.0)), rope_scaling=_scaling(full),
+        rope_local_theta=float(local.get("rope_theta", 10_000.0)) if sliding else None,
+        sliding_window=window if sliding else None, layer_types=tuple(types) if sliding else None,
+        hidden_act=act, rms_norm_offset=True, sandwich_norms=True, embed_scale=True, qk_norm=True,
+        query_pre_attn_scalar=scalar,
+        final_logit_softcap=None if softcap is None else float(softcap),
+        tie_embeddings=bool(hf_config.get("tie_word_embeddings", True)),
+        head_dim=int(hf_config.get("head_dim", 256)),
+    )
+
+
 def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_dtype: str | None = None,
                    remat: bool | str = False, attention_impl: str = "auto") -> ModelConfig:
-    """ModelConfig for a Llama / Qwen2 / Qwen3 / Qwen3-MoE config.json dict; features we lack are errors.
-    remat and attention_impl say how the passes run (ModelConfig); config.json has neither."""
+    """ModelConfig for a Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3 text config.json dict; features we
+    lack are errors. remat and attention_impl say how the passes run (ModelConfig); config.json has neither."""
     arch = architecture_of(hf_config)
+    if arch == GEMMA3:
+        return _config(hf_config, _gemma3_fields(hf_config, _number(hf_config, "num_hidden_layers")),
+                       dtype=dtype, param_dtype=param_dtype, remat=remat, attention_impl=attention_impl)
     act = hf_config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json hidden_act {act!r} is not supported; supported: 'silu'")
@@ -137,10 +200,25 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_d
         raise ValueError(f"config.json attention_bias=true ({arch}) is not supported; supported: false")
     if hf_config.get("mlp_bias", False):
         raise ValueError("config.json mlp_bias=true is not supported; supported: false")
-    heads = _number(hf_config, "num_attention_heads")
     window, layer_types = _sliding_windows(hf_config, arch, _number(hf_config, "num_hidden_layers"))
-    hidden = _number(hf_config, "hidden_size")
     theta, scaling = _rope(hf_config)
+    fields = dict(
+        rope_theta=theta, rope_scaling=scaling, sliding_window=window, layer_types=layer_types,
+        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and no o bias)
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        **_moe_fields(hf_config, arch),
+    )
+    return _config(hf_config, fields, dtype=dtype, param_dtype=param_dtype, remat=remat,
+                   attention_impl=attention_impl)
+
+
+def _config(hf_config: dict[str, Any], fields: dict[str, Any], *, dtype: str, param_dtype: str | None,
+            remat: bool | str, attention_impl: str) -> ModelConfig:
+    """ModelConfig of the shape fields every architecture spells alike, plus its own `fields`."""
+    heads = _number(hf_config, "num_attention_heads")
+    hidden = _number(hf_config, "hidden_size")
+    fields = {"head_dim": int(hf_config.get("head_dim") or hidden // heads), **fields}
     return ModelConfig(
         vocab_size=_number(hf_config, "vocab_size"),
         hidden_size=hidden,
@@ -148,25 +226,33 @@ def config_from_hf(hf_config: dict[str, Any], *, dtype: str = "float32", param_d
         num_layers=_number(hf_config, "num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
-        head_dim=int(hf_config.get("head_dim") or hidden // heads),
-        rope_theta=theta,
-        rope_scaling=scaling,
         rms_norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM",  # Qwen2 always has q/k/v biases (and no o bias)
-        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         param_dtype=param_dtype or dtype,
         dtype=dtype,
-        sliding_window=window,
-        layer_types=layer_types,
         remat=remat,
         attention_impl=attention_impl,
-        **_moe_fields(hf_config, arch),
+        **fields,
     )
+
+
+# What Gemma3ForCausalLM has that the others lack, as ModelConfig fields and their Gemma 3 values.
+_GEMMA3_SHAPE = {"rms_norm_offset": True, "sandwich_norms": True, "embed_scale": True, "qk_norm": True,
+                 "hidden_act": "gelu_pytorch_tanh", "qkv_bias": False}
+_GEMMA_ONLY = ("rms_norm_offset", "sandwich_norms", "embed_scale", "rope_local_theta", "query_pre_attn_scalar",
+               "final_logit_softcap")
 
 
 def architecture_for(config: ModelConfig) -> str:
     """The HF architecture `config` exports as; a model no supported architecture fits is an error."""
+    if config.attn_logit_softcap is not None:
+        raise ValueError(f"attn_logit_softcap={config.attn_logit_softcap} has no HF architecture to export as: "
+                         f"{GEMMA3} in transformers ignores it (Gemma 2 applies it, and is not supported yet)")
+    if config.hidden_act != "silu" or any(getattr(config, f) not in (None, False) for f in _GEMMA_ONLY):
+        wrong = {f: getattr(config, f) for f, want in _GEMMA3_SHAPE.items() if getattr(config, f) != want}
+        if wrong:
+            raise ValueError(f"a model with Gemma fields exports as {GEMMA3}, which needs {_GEMMA3_SHAPE}; "
+                             f"this one has {wrong}")
+        return GEMMA3
     if config.qkv_bias and config.qk_norm:
         raise ValueError("no supported HF architecture has both qkv_bias and qk_norm; supported: "
                          "LlamaForCausalLM (neither), Qwen2ForCausalLM (qkv_bias), "
@@ -197,12 +283,16 @@ _CONFIG_KEY_GROUPS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("num_heads",), ("num_attention_heads",)),
     (("num_kv_heads",), ("num_key_value_heads",)),
     (("head_dim",), ("head_dim",)),
-    (("rope_theta", "rope_scaling"), ("rope_theta", "rope_scaling", "rope_parameters")),
+    (("rope_theta", "rope_scaling", "rope_local_theta"), ("rope_theta", "rope_scaling", "rope_parameters",
+                                                          "rope_local_base_freq")),
     (("rms_norm_eps",), ("rms_norm_eps",)),
     (("tie_embeddings",), ("tie_word_embeddings",)),
-    (("qkv_bias", "qk_norm", "num_experts"), ("architectures", "model_type", "attention_bias", "mlp_bias")),
+    (("qkv_bias", "qk_norm", "num_experts", "hidden_act", "rms_norm_offset", "sandwich_norms", "embed_scale"),
+     ("architectures", "model_type", "attention_bias", "mlp_bias", "hidden_act", "hidden_activation")),
     (("sliding_window", "layer_types"), ("use_sliding_window", "sliding_window", "layer_types",
-                                         "max_window_layers")),
+                                         "max_window_layers", "sliding_window_pattern")),
+    (("query_pre_attn_scalar",), ("query_pre_attn_scalar",)),
+    (("final_logit_softcap", "attn_logit_softcap"), ("final_logit_softcapping", "attn_logit_softcapping")),
     (_MOE_KEYS, _MOE_KEYS + ("num_local_experts",)),
 )
 _DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers < 5 writes torch_dtype, 5.x dtype
@@ -212,6 +302,8 @@ def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
     """config.json for `config` alone: every key the model defines, in the spelling every reader
     understands (transformers 4 and 5, vLLM)."""
     arch = architecture_for(config)
+    if arch == GEMMA3:
+        return _fresh_gemma3_config(config)
     c = config
     out = {
         "architectures": [arch],
@@ -228,8 +320,7 @@ def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
         "tie_word_embeddings": c.tie_embeddings,
         # The pre-5.0 spelling: transformers 5 converts it, and vLLM reads both.
         "rope_theta": c.rope_theta,
-        "rope_scaling": None if c.rope_scaling is None else {
-            "rope_type": "llama3", **dataclasses.asdict(c.rope_scaling)},
+        "rope_scaling": _scaling_json(c.rope_scaling),
         "torch_dtype": c.param_dtype,
     }
     if arch != "Qwen2ForCausalLM":
@@ -247,6 +338,42 @@ def _fresh_hf_config(config: ModelConfig) -> dict[str, Any]:
     if arch == "Qwen3MoeForCausalLM":
         out.update({key: getattr(c, key) for key in _MOE_KEYS}, mlp_only_layers=list(c.mlp_only_layers))
     return out
+
+
+def _scaling_json(scaling: RopeScaling | None) -> dict[str, Any] | None:
+    """config.json's rope_scaling for `scaling` (None: none)."""
+    if scaling is None:
+        return None
+    if scaling.rope_type == "linear":
+        return {"rope_type": "linear", "factor": scaling.factor}
+    return {"rope_type": "llama3", **{k: v for k, v in dataclasses.asdict(scaling).items() if k != "rope_type"}}
+
+
+def _whole(x: float) -> float | int:
+    """x as an int when it is a whole number (config.json fields typed int by transformers)."""
+    return int(x) if float(x).is_integer() else x
+
+
+def _fresh_gemma3_config(c: ModelConfig) -> dict[str, Any]:
+    """Gemma3ForCausalLM's config.json for `c`, in the spelling of the published checkpoints
+    (rope_theta, rope_local_base_freq, rope_scaling), which transformers 5 and vLLM also read.
+    layer_types is always written: without it transformers derives a 5-local-1-global pattern."""
+    return {
+        "architectures": [GEMMA3], "model_type": "gemma3_text", "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "hidden_activation": c.hidden_act, "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_embeddings, "rope_theta": c.rope_theta,
+        "rope_local_base_freq": c.rope_local_theta if c.rope_local_theta is not None else c.rope_theta,
+        "rope_scaling": _scaling_json(c.rope_scaling), "sliding_window": c.sliding_window,
+        "layer_types": list(c.layer_types or ("full_attention",) * c.num_layers),
+        # transformers' Gemma3TextConfig takes an int here (strict typing), Gemma's values are whole.
+        "query_pre_attn_scalar": _whole(c.query_pre_attn_scalar if c.query_pre_attn_scalar is not None
+                                        else c.head_dim),
+        "final_logit_softcapping": c.final_logit_softcap, "attn_logit_softcapping": None,
+        "attention_bias": False, "torch_dtype": c.param_dtype,
+    }
 
 
 def hf_config_from(config: ModelConfig, base_config: dict[str, Any] | None = None,

@@ -32,6 +32,11 @@ from grpo_jax.model.config import ATTENTION_IMPLS as IMPLEMENTATIONS
 XLA_MAX_SCORE_BYTES = 1 << 24
 
 
+def soft_cap(scores, cap: float | None):
+    """cap * tanh(scores / cap) (attention logit soft-capping, Gemma 2), or scores when cap is None."""
+    return scores if cap is None else cap * jnp.tanh(scores / cap)
+
+
 class KVCache(NamedTuple):
     """One layer's keys (after RoPE, stored transposed) and values: slot s of row b at
     k[b, :, :, s] and v[b, :, s].
@@ -47,9 +52,9 @@ class KVCache(NamedTuple):
     v_BxKxSxH: jax.Array
 
 
-def attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS) -> jax.Array:
+def attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS, softcap: float | None = None) -> jax.Array:
     """softmax(q k^T / sqrt(H)) v over the visible slots: [B, K, G, T, H], G = N / K query heads
-    per kv head (head n = k * G + g, HF repeat_kv order)."""
+    per kv head (head n = k * G + g, HF repeat_kv order); scores soft-capped by `softcap`."""
     b, t, n, hd = q_BxTxNxH.shape
     kv, s = keys_BxKxHxS.shape[1], keys_BxKxHxS.shape[3]
     g = n // kv
@@ -59,6 +64,7 @@ def attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS) -> jax.Array:
     batch = ((0, 1), (0, 1))
     scores = jax.lax.dot_general(q_BxKxGTxH, keys_BxKxHxS, (((3,), (2,)), batch),
                                  preferred_element_type=jnp.float32) / math.sqrt(hd)
+    scores = soft_cap(scores, softcap)
     # A finite floor, not -inf: a padding query with no visible key gets a uniform (unused)
     # distribution instead of NaN, which would poison gradients.
     scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], scores.reshape(b, kv, g, t, s),
@@ -68,7 +74,8 @@ def attend(q_BxTxNxH, keys_BxKxHxS, values_BxKxSxH, visible_BxTxS) -> jax.Array:
     return out_BxKxGTxH.reshape(b, kv, g, t, hd)
 
 
-def attend_one_query(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, visible_Bx1xS) -> jax.Array:
+def attend_one_query(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, visible_Bx1xS,
+                     softcap: float | None = None) -> jax.Array:
     """`attend` for one query per row (decode), as broadcast multiplies and sums: [B, K, G, 1, H].
 
     Both sums run over a major axis (H of the transposed keys, then S of the values), so they
@@ -80,7 +87,7 @@ def attend_one_query(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, visible_Bx1xS) -> 
     g = n // kv
     q_BxKxGxH = q_Bx1xNxH.reshape(b, kv, g, hd).astype(jnp.float32)
     scores_BxKxGxS = jnp.sum(q_BxKxGxH[..., None] * keys_BxKxHxS[:, :, None].astype(jnp.float32), axis=3)
-    scores_BxKxGxS = jnp.where(visible_Bx1xS[:, None], scores_BxKxGxS / math.sqrt(hd),
+    scores_BxKxGxS = jnp.where(visible_Bx1xS[:, None], soft_cap(scores_BxKxGxS / math.sqrt(hd), softcap),
                                jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(values_BxKxSxH.dtype)
     out_BxKxGxH = jnp.sum(probs[..., None] * values_BxKxSxH[:, :, None], axis=3)
@@ -89,7 +96,7 @@ def attend_one_query(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, visible_Bx1xS) -> 
 
 def attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH, prompt_mask_NxP,
                                k_NxGxCxKxH, v_NxGxCxKxH, completion_mask_NxGxC,
-                               window: int | None = None) -> jax.Array:
+                               window: int | None = None, softcap: float | None = None) -> jax.Array:
     """Attention of G completions per prompt over their one shared prompt and themselves.
 
     Completion token c of sample g sees the prompt's real tokens and its own tokens <= c (with a
@@ -107,8 +114,8 @@ def attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH
     scale = 1.0 / math.sqrt(hd)
     # Prompt block, all samples of a prompt in one matmul: [N, K, R*G*C, P].
     q_cp = q_NxGxCxKxRxH.transpose(0, 3, 4, 1, 2, 5).reshape(n, kv, r * g * c, hd)
-    s_cp = jax.lax.dot_general(q_cp, k_prompt_NxKxHxP, (((3,), (2,)), batch),
-                               preferred_element_type=jnp.float32) * scale
+    s_cp = soft_cap(jax.lax.dot_general(q_cp, k_prompt_NxKxHxP, (((3,), (2,)), batch),
+                                        preferred_element_type=jnp.float32) * scale, softcap)
     if window is None:
         s_cp = jnp.where(prompt_mask_NxP[:, None, None, :] > 0, s_cp, floor)
     else:  # completion c (slot P + c) sees prompt slot j when P + c - j < window
@@ -119,7 +126,8 @@ def attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH
     q_cc = q_NxGxCxKxRxH.reshape(n * g, c, kv, r, hd).transpose(0, 2, 3, 1, 4).reshape(n * g, kv, r * c, hd)
     k_cc = k_NxGxCxKxH.reshape(n * g, c, kv, hd).transpose(0, 2, 3, 1)  # [NG, K, H, C]
     v_cc = v_NxGxCxKxH.reshape(n * g, c, kv, hd).transpose(0, 2, 1, 3)
-    s_cc = jax.lax.dot_general(q_cc, k_cc, (((3,), (2,)), batch), preferred_element_type=jnp.float32) * scale
+    s_cc = soft_cap(jax.lax.dot_general(q_cc, k_cc, (((3,), (2,)), batch), preferred_element_type=jnp.float32)
+                    * scale, softcap)
     causal_CxC = jnp.arange(c)[None, :] <= jnp.arange(c)[:, None]
     if window is not None:
         causal_CxC = causal_CxC & (jnp.arange(c)[:, None] - jnp.arange(c)[None, :] < window)
@@ -147,16 +155,18 @@ def attend_after_shared_prompt(q_NxGxCxKxRxH, k_prompt_NxKxHxP, v_prompt_NxKxPxH
     return (out * inv_denom).astype(dt).reshape(n, g, c, kv * r * hd)
 
 
-def resolve(impl: str, *, dtype, head_dim: int, score_bytes: int, backend: str | None = None) -> str:
+def resolve(impl: str, *, dtype, head_dim: int, score_bytes: int, backend: str | None = None,
+            softcap: bool = False) -> str:
     """The kernel `impl` ("auto" or a name in IMPLEMENTATIONS) runs for one call: "xla",
-    "blockwise", "cudnn" or "splash". "cudnn" off a GPU or outside cuDNN's constraints falls back
-    as "auto" would (it cannot run there); "splash" off a TPU runs in Pallas interpret mode."""
+    "blockwise", "cudnn" or "splash". "cudnn" off a GPU or outside cuDNN's constraints (which
+    include soft-capped scores: `softcap`) falls back as "auto" would (it cannot run there);
+    "splash" off a TPU runs in Pallas interpret mode."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention_impl must be one of {list(IMPLEMENTATIONS)}, got {impl!r}")
     backend = backend or jax.default_backend()
     if impl in ("xla", "blockwise", "splash"):
         return impl
-    if backend == "gpu" and fused.cudnn_supports(dtype, head_dim):
+    if backend == "gpu" and fused.cudnn_supports(dtype, head_dim) and not softcap:
         return "cudnn"
     if impl == "auto" and backend == "tpu" and fused.splash_supports(head_dim):
         return "splash"
@@ -186,23 +196,30 @@ def causal_visible(key_valid_BxS, num_queries: int, query_offset: int = 0, windo
 
 
 def self_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, *, impl: str = "auto",
-                   window: int | None = None) -> jax.Array:
+                   window: int | None = None, softcap: float | None = None) -> jax.Array:
     """Causal attention of T tokens over themselves (key t real where key_valid): [B, T, N, H]."""
     b, t, n, hd = q_BxTxNxH.shape
-    choice = resolve(impl, dtype=q_BxTxNxH.dtype, head_dim=hd, score_bytes=4 * b * n * t * t)
+    choice = resolve(impl, dtype=q_BxTxNxH.dtype, head_dim=hd, score_bytes=4 * b * n * t * t,
+                     softcap=softcap is not None)
     if choice == "blockwise":
-        return blockwise.blockwise_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, window=window)
+        return blockwise.blockwise_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, window=window,
+                                             softcap=softcap)
     if choice == "cudnn":
+        if softcap is not None:  # reached only by a caller forcing "cudnn" past `resolve`
+            raise ValueError("attention kernel 'cudnn' has no attention logit soft-cap; use 'blockwise', "
+                             "'splash' or 'xla' (attention_impl='auto' picks one)")
         return fused.cudnn_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, window=window)
     if choice == "splash":
-        return fused.splash_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, window=window)
+        return fused.splash_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, key_valid_BxT, window=window,
+                                      softcap=softcap)
     out_BxKxGxTxH = attend(q_BxTxNxH, k_BxTxKxH.transpose(0, 2, 3, 1), v_BxTxKxH.transpose(0, 2, 1, 3),
-                           causal_visible(key_valid_BxT, t, window=window))
+                           causal_visible(key_valid_BxT, t, window=window), softcap)
     return out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, hd)
 
 
 def shared_prompt_attention(q_NxLxNhxH, k_NxLxKxH, v_NxLxKxH, prompt_mask_NxP, completion_mask_NxGxC, *,
-                            impl: str = "auto", window: int | None = None) -> jax.Array:
+                            impl: str = "auto", window: int | None = None,
+                            softcap: float | None = None) -> jax.Array:
     """Attention of N rows laid out as one prompt (P slots) then its G completions (C each), L = P +
     G * C: the prompt over itself, each completion over the prompt and itself. [N, L, Nh, H].
 
@@ -217,15 +234,16 @@ def shared_prompt_attention(q_NxLxNhxH, k_NxLxKxH, v_NxLxKxH, prompt_mask_NxP, c
     _, g, c = completion_mask_NxGxC.shape
     nh, hd, kv = q_NxLxNhxH.shape[2], q_NxLxNhxH.shape[3], k_NxLxKxH.shape[2]
     score_bytes = 4 * n * nh * (p * p + g * c * (p + c))
-    choice = resolve(impl, dtype=q_NxLxNhxH.dtype, head_dim=hd, score_bytes=score_bytes)
+    choice = resolve(impl, dtype=q_NxLxNhxH.dtype, head_dim=hd, score_bytes=score_bytes, softcap=softcap is not None)
     q_prompt, k_prompt, v_prompt = q_NxLxNhxH[:, :p], k_NxLxKxH[:, :p], v_NxLxKxH[:, :p]
-    out_prompt = self_attention(q_prompt, k_prompt, v_prompt, prompt_mask_NxP, impl=choice, window=window)
+    out_prompt = self_attention(q_prompt, k_prompt, v_prompt, prompt_mask_NxP, impl=choice, window=window,
+                                softcap=softcap)
     if choice == "xla":
         r = nh // kv
         out = attend_after_shared_prompt(
             q_NxLxNhxH[:, p:].reshape(n, g, c, kv, r, hd), k_prompt.transpose(0, 2, 3, 1),
             v_prompt.transpose(0, 2, 1, 3), prompt_mask_NxP, k_NxLxKxH[:, p:].reshape(n, g, c, kv, hd),
-            v_NxLxKxH[:, p:].reshape(n, g, c, kv, hd), completion_mask_NxGxC, window=window)
+            v_NxLxKxH[:, p:].reshape(n, g, c, kv, hd), completion_mask_NxGxC, window=window, softcap=softcap)
         return jnp.concatenate([out_prompt, out.reshape(n, g * c, nh, hd)], axis=1)
 
     def rows(x_prompt, x_NxLx):  # [N*G, P + C, ...]: each completion after its own copy of the prompt
@@ -236,7 +254,9 @@ def shared_prompt_attention(q_NxLxNhxH, k_NxLxKxH, v_NxLxKxH, prompt_mask_NxP, c
     k_rows, v_rows = rows(k_prompt, k_NxLxKxH), rows(v_prompt, v_NxLxKxH)
     if choice == "blockwise":
         q_own = q_NxLxNhxH[:, p:].reshape(n * g, c, nh, hd)
-        out = blockwise.blockwise_attention(q_own, k_rows, v_rows, valid, query_offset=p, window=window)
+        out = blockwise.blockwise_attention(q_own, k_rows, v_rows, valid, query_offset=p, window=window,
+                                            softcap=softcap)
     else:
-        out = self_attention(rows(q_prompt, q_NxLxNhxH), k_rows, v_rows, valid, impl=choice, window=window)[:, p:]
+        out = self_attention(rows(q_prompt, q_NxLxNhxH), k_rows, v_rows, valid, impl=choice, window=window,
+                             softcap=softcap)[:, p:]
     return jnp.concatenate([out_prompt, out.reshape(n, g * c, nh, hd)], axis=1)

@@ -73,12 +73,13 @@ def block_size(length: int, max_block: int = DEFAULT_BLOCK) -> int:
 
 def blockwise_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, key_valid_BxS, *, query_offset: int = 0,
                         window: int | None = None, block_q: int = DEFAULT_BLOCK,
-                        block_k: int = DEFAULT_BLOCK) -> jax.Array:
+                        block_k: int = DEFAULT_BLOCK, softcap: float | None = None) -> jax.Array:
     """Causal attention of T queries (at slots query_offset + [0, T)) over S keys, [B, T, N, H].
 
     Dtypes: q, k, v in the compute dtype; scores, the softmax statistics and the accumulator in
     float32, the output cast back to q's dtype (as `attention.attend`). `query_offset` and `window`
-    are static ints; block sizes are upper bounds (`block_size`).
+    are static ints; block sizes are upper bounds (`block_size`). softcap (static): scores become
+    softcap * tanh(scores / softcap) before the softmax (Gemma 2's attention logit soft-cap).
     """
     b, t, n, hd = q_BxTxNxH.shape
     s, kv = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
@@ -96,7 +97,7 @@ def blockwise_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, key_valid_BxS, *, query
     k = jnp.pad(k_BxSxKxH, ((0, 0), (0, sp - s), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
     v = jnp.pad(v_BxSxKxH, ((0, 0), (0, sp - s), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
     valid = jnp.pad(key_valid_BxS > 0, ((0, 0), (0, sp - s)))
-    out = _attention(q, k, v, valid, _Tiles(int(query_offset), window, bq, bk))
+    out = _attention(q, k, v, valid, _Tiles(int(query_offset), window, bq, bk, softcap))
     return out.transpose(0, 3, 1, 2, 4)[:, :t].reshape(b, t, n, hd)
 
 
@@ -108,6 +109,7 @@ class _Tiles(NamedTuple):
     window: int | None
     bq: int
     bk: int
+    softcap: float | None = None
 
     def key_tiles(self, i, num_key_tiles: int):
         """[lo, hi): the key tiles some query of query tile i can see (i traced)."""
@@ -146,6 +148,8 @@ def _tile_scores(q_i, k_j, valid, tiles: _Tiles, i, j):
     b, kv, rq, hd = q_i.shape
     r = rq // tiles.bq
     s = jax.lax.dot_general(q_i, k_j, _CONTRACT_H, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    if tiles.softcap is not None:
+        s = tiles.softcap * jnp.tanh(s / tiles.softcap)
     vis = jnp.broadcast_to(tiles.visible(valid, i, j)[:, None, None], (b, kv, r, tiles.bq, tiles.bk))
     vis = vis.reshape(b, kv, rq, tiles.bk)
     return jnp.where(vis, s, _FLOOR), vis
@@ -212,6 +216,8 @@ def _backward(q, k, v, valid, out, lse, d_out, tiles: _Tiles):
             dv_j = dv_j + jax.lax.dot_general(p.astype(v.dtype), do_i, _CONTRACT_X, preferred_element_type=f32)
             dp = jax.lax.dot_general(do_i, v_j, _CONTRACT_H, preferred_element_type=f32)
             ds = p * (dp - rows(delta, i)[..., None]) / math.sqrt(hd)
+            if tiles.softcap is not None:  # d(c tanh(x / c)) / dx = 1 - tanh^2; s is the capped score
+                ds = ds * jnp.where(vis, 1.0 - jnp.square(s / tiles.softcap), 0.0)
             ds = ds.astype(q.dtype)
             dk_j = dk_j + jax.lax.dot_general(ds, q_i, _CONTRACT_X, preferred_element_type=f32)
             dq_i = jax.lax.dot_general(ds, k_j, _CONTRACT_Y, preferred_element_type=f32)
@@ -250,7 +256,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def decode_attention(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, key_mask_BxS, q_slot_B, slot_bounds, *,
-                     window: int | None = None, block: int) -> jax.Array:
+                     window: int | None = None, block: int, softcap: float | None = None) -> jax.Array:
     """One query per row over the cache, visiting only the cache blocks some row can see:
     [B, K, R, 1, H], as `attention.attend_one_query`.
 
@@ -283,6 +289,8 @@ def decode_attention(q_Bx1xNxH, keys_BxKxHxS, values_BxKxSxH, key_mask_BxS, q_sl
         if window is not None:
             vis = vis & (q_slot_B[:, None] - slot[None, :] < window)
         scores = jnp.sum(q[..., None] * k_j[:, :, None], axis=3) / math.sqrt(hd)  # [B, K, R, block]
+        if softcap is not None:
+            scores = softcap * jnp.tanh(scores / softcap)
         scores = jnp.where(vis[:, None, None], scores, _FLOOR)
         m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
         p = jnp.exp(scores - m_new[..., None])

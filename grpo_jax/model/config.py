@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -10,22 +11,36 @@ import jax.numpy as jnp
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 REMAT_POLICIES = ("none", "layer_inputs", "dots")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate: SwiGLU (Llama, Qwen) or GeGLU (Gemma)
+ROPE_SCALING_TYPES = ("llama3", "linear")
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")  # grpo_jax.model.attention
 MOE_IMPLS = ("auto", "ragged", "tiled")  # grpo_jax.model.grouped_matmul
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency scaling ("rope_type": "llama3" in HF config.json)."""
+    """RoPE frequency scaling, HF config.json's "rope_type": "llama3" (Llama 3.1: long wavelengths
+    slowed by `factor`, short ones kept, the band between interpolated; needs the three fields after
+    `factor`) or "linear" (every frequency divided by `factor`: Gemma 3's global layers)."""
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    rope_type: str = "llama3"
 
     def __post_init__(self):
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(f"RopeScaling.rope_type must be one of {list(ROPE_SCALING_TYPES)}, "
+                             f"got {self.rope_type!r}")
         if not self.factor > 0:
             raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor!r}")
+        if self.rope_type == "linear":
+            return
+        if self.low_freq_factor is None or self.high_freq_factor is None \
+                or self.original_max_position_embeddings is None:
+            raise ValueError("RopeScaling of rope_type 'llama3' needs low_freq_factor, high_freq_factor and "
+                             f"original_max_position_embeddings, got {self!r}")
         if not self.high_freq_factor > self.low_freq_factor > 0:
             raise ValueError(
                 "RopeScaling needs high_freq_factor > low_freq_factor > 0, got "
@@ -75,6 +90,29 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.001
     output_router_logits: bool = False
+    # Gemma 3 (Hugging Face's Gemma3ForCausalLM); each default is the Llama / Qwen behaviour.
+    # rope_local_theta: the RoPE base of the sliding-window layers (HF rope_local_base_freq; they
+    # take no rope_scaling); None: every layer uses rope_theta and rope_scaling.
+    rope_local_theta: float | None = None
+    # hidden_act (`HIDDEN_ACTS`): the MLP is act(gate) * up.
+    hidden_act: str = "silu"
+    # rms_norm_offset: norm weights are stored as offsets from 1 (scale = 1 + w, applied in float32
+    # before the cast back, as Gemma's RMSNorm); a fresh model's norms then start at 0.
+    rms_norm_offset: bool = False
+    # sandwich_norms: a second RMSNorm on the attention's and the MLP's outputs before each is
+    # added to the residual (HF post_attention_layernorm / post_feedforward_layernorm in Gemma).
+    sandwich_norms: bool = False
+    # embed_scale: token embeddings multiplied by sqrt(hidden_size), rounded to the weights' dtype.
+    embed_scale: bool = False
+    # query_pre_attn_scalar: attention scores are q.k * query_pre_attn_scalar**-0.5
+    # (None: head_dim**-0.5).
+    query_pre_attn_scalar: float | None = None
+    # final_logit_softcap: logits = cap * tanh(logits / cap) (None: none).
+    final_logit_softcap: float | None = None
+    # attn_logit_softcap: attention scores (after scaling) = cap * tanh(scores / cap) in every kernel
+    # but cuDNN's, which has no such option (None: none). Gemma 2's attn_logit_softcapping; no
+    # supported HF architecture applies it yet (transformers' Gemma 3 ignores the field).
+    attn_logit_softcap: float | None = None
     # How the passes run, not the architecture (never written to an HF config.json).
     # remat (`REMAT_POLICIES`): what each layer keeps for the backward pass. "none": everything;
     # "layer_inputs" (or True): only its input, everything inside recomputed (about a third more
@@ -126,6 +164,13 @@ class ModelConfig:
                                  f"got {self.sliding_window!r}")
         if self.num_experts:
             self._check_experts()
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"ModelConfig.hidden_act must be one of {list(HIDDEN_ACTS)}, got {self.hidden_act!r}")
+        for name in ("rope_local_theta", "query_pre_attn_scalar", "final_logit_softcap", "attn_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0):
+                raise ValueError(f"ModelConfig.{name} must be a number > 0 or None, got {value!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(
                 f"ModelConfig.rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
@@ -155,6 +200,14 @@ class ModelConfig:
         if self.remat is True:
             return "layer_inputs"
         return "none" if self.remat is False else self.remat
+
+    @property
+    def query_scale(self) -> float:
+        """What q is multiplied by so that the kernels' q.k / sqrt(head_dim) is q.k times
+        query_pre_attn_scalar**-0.5: sqrt(head_dim / query_pre_attn_scalar) (1.0 without it)."""
+        if self.query_pre_attn_scalar is None:
+            return 1.0
+        return math.sqrt(self.head_dim / self.query_pre_attn_scalar)
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s attention window in slots (None: full attention)."""

@@ -86,7 +86,8 @@ _SPLASH_ALIGN = 128
 
 
 @functools.lru_cache(maxsize=64)
-def _splash_kernel(length: int, heads_per_kv: int, window: int | None, interpret: bool):
+def _splash_kernel(length: int, heads_per_kv: int, window: int | None, interpret: bool,
+                   softcap: float | None = None):
     """The splash MQA kernel for rows of `length` (a multiple of 128) and R query heads per kv head."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
@@ -96,11 +97,15 @@ def _splash_kernel(length: int, heads_per_kv: int, window: int | None, interpret
     block = next(b for b in (512, 256, 128) if length % b == 0)
     sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    return kernel.make_splash_mqa(masks.MultiHeadMask([one] * heads_per_kv), block_sizes=sizes, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
+    # Built eagerly even when first asked for inside a jit trace: the kernel holds the mask's block
+    # tables as arrays, and this cache hands it to later traces too; made under a trace they were
+    # that trace's tracers, and the next program to use the kernel failed with a leaked tracer.
+    with jax.ensure_compile_time_eval():
+        return kernel.make_splash_mqa(masks.MultiHeadMask([one] * heads_per_kv), block_sizes=sizes, head_shards=1,
+                                      q_seq_shards=1, interpret=interpret, attn_logits_soft_cap=softcap)
 
 
-def _splash_local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, window, interpret):
+def _splash_local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, window, interpret, softcap=None):
     """Splash on the rows and heads this device holds."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
 
@@ -114,7 +119,7 @@ def _splash_local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, window, interp
     k = jnp.pad(k_BxLxKxH, pad).transpose(0, 2, 1, 3)
     v = jnp.pad(v_BxLxKxH, pad).transpose(0, 2, 1, 3)
     segments = jnp.pad((key_valid_BxL > 0).astype(jnp.int32), ((0, 0), (0, lp - l)))
-    run = _splash_kernel(lp, r, window, interpret)
+    run = _splash_kernel(lp, r, window, interpret, softcap)
 
     def one_row(q_KxRxLxH, k_KxLxH, v_KxLxH, seg_L):
         ids = kernel.SegmentIds(q=seg_L, kv=seg_L)
@@ -125,11 +130,12 @@ def _splash_local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, window, interp
 
 
 def splash_attention(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, *, window: int | None = None,
-                     interpret: bool | None = None) -> jax.Array:
-    """Causal self-attention through Pallas splash attention (module docstring): [B, L, N, H]."""
+                     interpret: bool | None = None, softcap: float | None = None) -> jax.Array:
+    """Causal self-attention through Pallas splash attention (module docstring): [B, L, N, H];
+    softcap: splash's own attention logit soft-cap, on the scaled scores."""
     if interpret is None:
         interpret = jax.default_backend() != "tpu"
-    local = functools.partial(_splash_local, window=window, interpret=interpret)
+    local = functools.partial(_splash_local, window=window, interpret=interpret, softcap=softcap)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(_ROW_AXES) <= set(mesh.axis_names):
         return local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL)

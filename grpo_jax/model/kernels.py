@@ -9,11 +9,24 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """x * rsqrt(mean(x^2) + eps) * scale over the last axis, statistics in float32 (as HF)."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, offset: bool = False) -> jax.Array:
+    """x * rsqrt(mean(x^2) + eps) * scale over the last axis, statistics in float32 (as HF).
+
+    offset (Gemma): the weight is stored as scale - 1, and the product is taken in float32 before
+    the cast back to x's dtype (Gemma's order; Llama's casts first, then multiplies).
+    """
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if offset:
+        return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
     return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def gelu_tanh_glu(gate_up_BxTx2F: jax.Array) -> jax.Array:
+    """gelu(gate) * up from the fused [..., 2F] projection (gate first), GELU's tanh approximation
+    (HF "gelu_pytorch_tanh": 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))): [B, T, F]."""
+    gate, up = jnp.split(gate_up_BxTx2F, 2, axis=-1)
+    return jax.nn.gelu(gate, approximate=True) * up
 
 
 # The mesh axes that split batch rows (grpo_jax.distributed.sharding.BATCH_AXES; repeated here so the model

@@ -22,6 +22,8 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
     "q_norm": (None,),                      # [H]
     "k_norm": (None,),                      # [H]
     "mlp_norm": (None,),                    # [D]
+    "post_attn_norm": (None,),              # [D] (sandwich_norms only)
+    "post_mlp_norm": (None,),               # [D] (sandwich_norms only)
     "gate_proj": ("fsdp", "tensor"),        # [D, F]
     "up_proj": ("fsdp", "tensor"),          # [D, F]
     "down_proj": ("tensor", "fsdp"),        # [F, D]

@@ -15,13 +15,18 @@ import jax.numpy as jnp
 from grpo_jax.model.config import ModelConfig
 
 
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    """Inverse frequencies [H/2] (float32), with Llama-3 scaling when configured."""
+def rope_inv_freq(config: ModelConfig, sliding: bool = False) -> jax.Array:
+    """Inverse frequencies [H/2] (float32), with the configured scaling. sliding: those of the
+    sliding-window layers, which with `rope_local_theta` set use that base and no scaling (Gemma 3)."""
     h = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-    s = config.rope_scaling
+    local = sliding and config.rope_local_theta is not None
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    s = None if local else config.rope_scaling
     if s is None:
         return inv_freq
+    if s.rope_type == "linear":  # position interpolation: every angle slowed by `factor`
+        return inv_freq / s.factor
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
     # interpolated linearly in 1/wavelength.
     wavelen = 2 * math.pi / inv_freq

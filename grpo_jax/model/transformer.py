@@ -14,12 +14,19 @@ Parameter tree (names are stable; `hf.py` maps Hugging Face tensors onto them):
     layers[i].attn.q_norm      [H]         HF self_attn.q_norm.weight              (qk_norm only)
     layers[i].attn.k_norm      [H]         HF self_attn.k_norm.weight              (qk_norm only)
     layers[i].mlp_norm         [D]         HF layers.i.post_attention_layernorm.weight
+                                           (Gemma: layers.i.pre_feedforward_layernorm.weight)
+    layers[i].post_attn_norm   [D]         HF layers.i.post_attention_layernorm.weight (Gemma only)
+    layers[i].post_mlp_norm    [D]         HF layers.i.post_feedforward_layernorm.weight (Gemma only)
     layers[i].mlp.gate_proj    [D, F]      HF mlp.gate_proj.weight [F, D] -> .T
     layers[i].mlp.up_proj      [D, F]      HF mlp.up_proj.weight [F, D] -> .T
     layers[i].mlp.down_proj    [F, D]      HF mlp.down_proj.weight [D, F] -> .T
     layers[i].mlp.router, .expert_gate, .expert_up, .expert_down: a sparse layer's (grpo_jax.model.moe)
     final_norm                 [D]         HF model.norm.weight
     lm_head                    [D, V]      HF lm_head.weight [V, D] -> .T          (untied only)
+
+Gemma 3 (`ModelConfig`'s Gemma fields): norm weights are offsets from 1, each sublayer's output is
+normed again before the residual add (`sandwich_norms`), embeddings are scaled by sqrt(D), the MLP
+gate is GELU, and sliding-window layers take their own RoPE base.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from jax.ad_checkpoint import checkpoint_name
 from grpo_jax.model import blockwise, moe
 from grpo_jax.model.attention import KVCache, attend, attend_one_query, self_attention, shared_prompt_attention
 from grpo_jax.model.config import DTYPES, ModelConfig
-from grpo_jax.model.kernels import constrain_rows, dense, rms_norm, swiglu
+from grpo_jax.model.kernels import constrain_rows, dense, gelu_tanh_glu, rms_norm, swiglu
 from grpo_jax.model.partitioning import SHARDING
 from grpo_jax.model.remat import remat_layer
 from grpo_jax.model.rope import Rope, apply_rope, rope_inv_freq, rope_tables
@@ -67,6 +74,17 @@ class _NormalPool:
         return out
 
 
+def _norm_weight(config: ModelConfig, size: int) -> jax.Array:
+    """A fresh RMSNorm weight that scales by 1: ones, or zeros when stored as an offset (Gemma)."""
+    fill = jnp.zeros if config.rms_norm_offset else jnp.ones
+    return fill((size,), DTYPES[config.param_dtype])
+
+
+def _norm(config: ModelConfig, x, weight) -> jax.Array:
+    """RMSNorm of x with `weight` as the config stores norm weights."""
+    return rms_norm(x, weight, config.rms_norm_eps, offset=config.rms_norm_offset)
+
+
 def _num_random_weights(c: "ModelConfig") -> int:
     d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
     attention = d * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
@@ -88,8 +106,8 @@ class Attention(nnx.Module):
             self.k_bias = _param("k_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
             self.v_bias = _param("v_bias", jnp.zeros((c.num_kv_heads, c.head_dim), pd))
         if c.qk_norm:
-            self.q_norm = _param("q_norm", jnp.ones((c.head_dim,), pd))
-            self.k_norm = _param("k_norm", jnp.ones((c.head_dim,), pd))
+            self.q_norm = _param("q_norm", _norm_weight(c, c.head_dim))
+            self.k_norm = _param("k_norm", _norm_weight(c, c.head_dim))
 
     def _qkv(self, x_BxTxD, rope: Rope):
         """Queries [B, T, N, H] and keys, values [B, T, K, H] (compute dtype), RoPE applied."""
@@ -118,11 +136,16 @@ class Attention(nnx.Module):
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
             v = v + self.v_bias[...].astype(dt)
-        if c.qk_norm:  # Qwen3: RMSNorm over head_dim before RoPE
-            q = rms_norm(q, self.q_norm[...], c.rms_norm_eps)
-            k = rms_norm(k, self.k_norm[...], c.rms_norm_eps)
+        if c.qk_norm:  # Qwen3, Gemma 3: RMSNorm over head_dim before RoPE
+            q = _norm(c, q, self.q_norm[...])
+            k = _norm(c, k, self.k_norm[...])
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
+        if c.query_scale != 1.0:
+            # query_pre_attn_scalar (Gemma): scaling q here, once, gives every attention kernel
+            # (reference, blockwise, cuDNN, splash, decode) the right scores without a scale
+            # argument in each; it costs one rounding of q (relative 2^-24 in float32).
+            q = q * jnp.asarray(c.query_scale, q.dtype)
         return q, k, v
 
     def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC) -> jax.Array:
@@ -135,7 +158,8 @@ class Attention(nnx.Module):
         n, l = x_NxLxD.shape[:2]
         q, k, v = self._qkv(x_NxLxD, rope)
         out_NxLxNxH = shared_prompt_attention(q, k, v, prompt_mask_NxP, completion_mask_NxGxC,
-                                              impl=c.attention_impl, window=self.window)
+                                              impl=c.attention_impl, window=self.window,
+                                              softcap=c.attn_logit_softcap)
         w_o = self.o_proj[...].astype(DTYPES[c.dtype]).reshape(c.num_heads * c.head_dim, c.hidden_size)
         return checkpoint_name(dense(out_NxLxNxH.reshape(n, l, -1), w_o), "o_proj")
 
@@ -162,7 +186,8 @@ class Attention(nnx.Module):
         k_BxKxHxT, v_BxKxTxH = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         write_index = jnp.asarray(write_index, jnp.int32)
         if cache is None:
-            out_BxTxNxH = self_attention(q, k, v, key_mask_BxS, impl=c.attention_impl, window=self.window)
+            out_BxTxNxH = self_attention(q, k, v, key_mask_BxS, impl=c.attention_impl, window=self.window,
+                                         softcap=c.attn_logit_softcap)
             return self._project_out(out_BxTxNxH.reshape(b, t, n * hd)), KVCache(k_BxKxHxT, v_BxKxTxH)
         if write_index.ndim == 1:  # one slot per row (continuous batching: rows at different steps)
             cache = KVCache(_write_per_row(cache.k_BxKxHxS, k_BxKxHxT, write_index, axis=2),
@@ -186,7 +211,7 @@ class Attention(nnx.Module):
                 slot_bounds = ((write_index, write_index) if write_index.ndim == 0
                                else (jnp.min(write_index), jnp.max(write_index)))
             out = blockwise.decode_attention(q, keys, values, key_mask_BxS, q_slot_B, slot_bounds,
-                                             window=self.window, block=block)
+                                             window=self.window, block=block, softcap=c.attn_logit_softcap)
             return jnp.einsum("bkgth,kghd->btd", out, o_KxGxHxD), cache
         # Query slots: one for every row ([T]) or a row's own ([B, T]); visible up to the query's.
         if write_index.ndim == 0:
@@ -198,7 +223,7 @@ class Attention(nnx.Module):
         if self.window is not None:
             visible_BxTxS = visible_BxTxS & (q_slot_xT[:, :, None] - k_slot_1x1xS < self.window)
         kernel = attend_one_query if t == 1 else attend
-        out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS)
+        out_BxKxGxTxH = kernel(q, keys, values, visible_BxTxS, c.attn_logit_softcap)
         if t == 1:
             return jnp.einsum("bkgth,kghd->btd", out_BxKxGxTxH, o_KxGxHxD), cache
         # Heads n = k * G + g in order, then one [B, T, N*H] x [N*H, D] matmul (see `dense`).
@@ -237,35 +262,50 @@ class MLP(nnx.Module):
         if x.shape[1] == 1:  # decode: no per-step weight concatenation (see Attention)
             gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
             up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
-            return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+            act = jax.nn.silu(gate) if self.config.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+            return jnp.einsum("btf,fd->btd", act * up, self.down_proj[...].astype(dt))
         # gate and up as one [D, 2F] matmul (fewer, larger dots; see Attention)
         w_gate_up = jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(dt)
         gate_up = checkpoint_name(dense(x, w_gate_up), "gate_up_proj")
-        return checkpoint_name(dense(swiglu(gate_up), self.down_proj[...].astype(dt)), "down_proj")
+        return checkpoint_name(dense(self._glu(gate_up), self.down_proj[...].astype(dt)), "down_proj")
+
+    def _glu(self, gate_up_BxTx2F):
+        """act(gate) * up (`ModelConfig.hidden_act`)."""
+        return swiglu(gate_up_BxTx2F) if self.config.hidden_act == "silu" else gelu_tanh_glu(gate_up_BxTx2F)
 
 
 class Block(nnx.Module):
     def __init__(self, config: ModelConfig, normals: _NormalPool, layer: int = 0):
-        pd = DTYPES[config.param_dtype]
+        d = config.hidden_size
         self.config = config
-        self.attn_norm = _param("attn_norm", jnp.ones((config.hidden_size,), pd))
+        self.attn_norm = _param("attn_norm", _norm_weight(config, d))
         self.attn = Attention(config, normals, layer)
-        self.mlp_norm = _param("mlp_norm", jnp.ones((config.hidden_size,), pd))
+        self.mlp_norm = _param("mlp_norm", _norm_weight(config, d))
         self.mlp = moe.SparseMoe(config, normals) if config.is_sparse(layer) else MLP(config, normals)
+        if config.sandwich_norms:
+            self.post_attn_norm = _param("post_attn_norm", _norm_weight(config, d))
+            self.post_mlp_norm = _param("post_mlp_norm", _norm_weight(config, d))
+
+    def _residual(self, x_BxTxD, out_BxTxD, post_norm: str):
+        """x + out, with out normed first under sandwich_norms (Gemma's post-sublayer norms)."""
+        if self.config.sandwich_norms:
+            out_BxTxD = _norm(self.config, out_BxTxD, getattr(self, post_norm)[...])
+        return x_BxTxD + out_BxTxD
 
     def __call__(self, x_BxTxD, rope: Rope, key_mask_BxS, cache, write_index, slot_bounds=None):
-        eps = self.config.rms_norm_eps
-        attn_out, cache = self.attn(rms_norm(x_BxTxD, self.attn_norm[...], eps), rope, key_mask_BxS, cache,
+        c = self.config
+        attn_out, cache = self.attn(_norm(c, x_BxTxD, self.attn_norm[...]), rope, key_mask_BxS, cache,
                                     write_index, slot_bounds)
-        x = x_BxTxD + attn_out
-        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps)), cache
+        x = self._residual(x_BxTxD, attn_out, "post_attn_norm")
+        return self._residual(x, self.mlp(_norm(c, x, self.mlp_norm[...])), "post_mlp_norm"), cache
 
     def shared_prompt(self, x_NxLxD, rope: Rope, prompt_mask_NxP, completion_mask_NxGxC):
         """`__call__` for the one-prompt-then-G-completions layout (Attention.shared_prompt)."""
-        eps = self.config.rms_norm_eps
-        x = x_NxLxD + self.attn.shared_prompt(rms_norm(x_NxLxD, self.attn_norm[...], eps), rope,
-                                              prompt_mask_NxP, completion_mask_NxGxC)
-        return x + self.mlp(rms_norm(x, self.mlp_norm[...], eps))
+        c = self.config
+        attn_out = self.attn.shared_prompt(_norm(c, x_NxLxD, self.attn_norm[...]), rope, prompt_mask_NxP,
+                                           completion_mask_NxGxC)
+        x = self._residual(x_NxLxD, attn_out, "post_attn_norm")
+        return self._residual(x, self.mlp(_norm(c, x, self.mlp_norm[...])), "post_mlp_norm")
 
 
 def default_positions(attention_mask_BxT: jax.Array) -> jax.Array:
@@ -280,7 +320,7 @@ class Transformer(nnx.Module):
         normals = _NormalPool(rngs.params(), _num_random_weights(c), pd)
         self.embed = _param("embed", normals.take((c.vocab_size, c.hidden_size)))
         self.layers = nnx.List([Block(c, normals, i) for i in range(c.num_layers)])
-        self.final_norm = _param("final_norm", jnp.ones((c.hidden_size,), pd))
+        self.final_norm = _param("final_norm", _norm_weight(c, c.hidden_size))
         if not c.tie_embeddings:
             self.lm_head = _param("lm_head", normals.take((c.hidden_size, c.vocab_size)))
         assert normals._offset == normals._values.size, "_num_random_weights disagrees with the layers"
@@ -308,18 +348,37 @@ class Transformer(nnx.Module):
         slot_bounds (decode): the batch's lowest and highest query slot (`Attention.__call__`).
         """
         c = self.config
-        x = constrain_rows(self.embed[...][tokens_BxT].astype(DTYPES[c.dtype]))
-        rope = rope_tables(positions_BxT, rope_inv_freq(c), x.dtype, max_position=max_position)
+        x = self._embed(tokens_BxT)
+        ropes = self._layer_ropes(positions_BxT, x.dtype, max_position)
         new_caches = []
         for i, layer in enumerate(self.layers):
             if caches is None:
                 x, cache = remat_layer(c, lambda blk, x, rope, mask: blk(x, rope, mask, None, 0))(
-                    layer, x, rope, key_mask_BxS)
+                    layer, x, ropes[i], key_mask_BxS)
             else:
-                x, cache = layer(x, rope, key_mask_BxS, caches[i], write_index, slot_bounds)
+                x, cache = layer(x, ropes[i], key_mask_BxS, caches[i], write_index, slot_bounds)
             x = constrain_rows(x)
             new_caches.append(cache)
-        return rms_norm(x, self.final_norm[...], c.rms_norm_eps), new_caches
+        return _norm(c, x, self.final_norm[...]), new_caches
+
+    def _embed(self, tokens_BxT) -> jax.Array:
+        """Token embeddings [B, T, D] in the compute dtype; times sqrt(D) under embed_scale, the
+        factor rounded to the weights' dtype first (as HF's Gemma3TextScaledWordEmbedding)."""
+        c = self.config
+        e = self.embed[...][tokens_BxT]
+        if c.embed_scale:
+            e = e * jnp.asarray(math.sqrt(c.hidden_size), e.dtype)
+        return constrain_rows(e.astype(DTYPES[c.dtype]))
+
+    def _layer_ropes(self, positions_BxT, dtype, max_position) -> list[Rope]:
+        """Each layer's RoPE tables: one set for all, or (rope_local_theta) a second set for the
+        sliding-window layers, each computed once."""
+        c = self.config
+        table = rope_tables(positions_BxT, rope_inv_freq(c), dtype, max_position=max_position)
+        if c.rope_local_theta is None or c.layer_types is None:
+            return [table] * c.num_layers
+        local = rope_tables(positions_BxT, rope_inv_freq(c, sliding=True), dtype, max_position=max_position)
+        return [table if c.window(i) is None else local for i in range(c.num_layers)]
 
     def shared_prompt_hidden_states(self, prompt_NxP, prompt_mask_NxP, completions_NxGxC,
                                     completion_mask_NxGxC):
@@ -335,16 +394,22 @@ class Transformer(nnx.Module):
                     + prompt_len_N[:, None, None])
         positions_NxL = jnp.concatenate([prompt_pos_NxP, jnp.maximum(comp_pos, 0).reshape(n, g * cl)], axis=1)
         tokens_NxL = jnp.concatenate([prompt_NxP, completions_NxGxC.reshape(n, g * cl)], axis=1)
-        x = constrain_rows(self.embed[...][tokens_NxL].astype(DTYPES[c.dtype]))
-        rope = rope_tables(positions_NxL, rope_inv_freq(c), x.dtype, max_position=p + cl)
+        x = self._embed(tokens_NxL)
+        ropes = self._layer_ropes(positions_NxL, x.dtype, p + cl)
         run_layer = remat_layer(c, lambda blk, *args: blk.shared_prompt(*args))
-        for layer in self.layers:
+        for layer, rope in zip(self.layers, ropes):
             x = constrain_rows(run_layer(layer, x, rope, prompt_mask_NxP, completion_mask_NxGxC))
-        h = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+        h = _norm(c, x, self.final_norm[...])
         return h[:, :p], h[:, p:].reshape(n, g, cl, -1)
 
     def logits(self, h_BxTxD) -> jax.Array:
-        """Output projection, accumulated and returned in float32 [B, T, V]."""
+        """Output projection, accumulated and returned in float32 [B, T, V] (soft-capped as
+        cap * tanh(logits / cap) under final_logit_softcap)."""
+        cap = self.config.final_logit_softcap
+        logits = self._project_vocab(h_BxTxD)
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+    def _project_vocab(self, h_BxTxD) -> jax.Array:
         dt = DTYPES[self.config.dtype]
         if self.config.tie_embeddings:
             return jnp.einsum("btd,vd->btv", h_BxTxD.astype(dt), self.embed[...].astype(dt),

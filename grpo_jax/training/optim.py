@@ -19,7 +19,8 @@ from grpo_jax import config as config_lib
 # every step. Names are the leaves of the parameter tree (grpo_jax.model's table).
 DECAYED_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})
 UNDECAYED_WEIGHTS = frozenset(
-    {"embed", "attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"}
+    {"embed", "attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "final_norm", "q_norm", "k_norm",
+     "q_bias", "k_bias", "v_bias"}
 )
 
 
