@@ -1,8 +1,9 @@
 """Asynchronous rollouts with bounded staleness (`off_policy.max_staleness = k >= 1`).
 
 Step n's batch is sampled from the policy after step v(n) = max(0, n - 1 - k), so it can be
-sampled while steps v(n) + 1 .. n - 1 update: a rollout thread samples and scores the steps in
-order, and the trainer (the calling thread) takes each batch when it is ready. The gap between
+sampled while steps v(n) + 1 .. n - 1 update: rollout threads sample and score the steps in
+order (`RolloutWorker`: step n+1 is sampled while step n's reward functions run), and the trainer
+(the calling thread) takes each batch when it is ready. The gap between
 the sampling policy and the trainer's pi_old is what the sampler correction weighs
 (`losses.sampler_correction`, on by default); every batch's staleness is logged
 (`async/staleness`).
@@ -90,25 +91,63 @@ class CollectedStep:
     batch: phases.StepBatch  # its data_position: after this step's examples
 
 
+@dataclasses.dataclass
+class _SampledStep:
+    """A step whose sampler call is done and read to the host, not scored yet (the pipeline's hand-over)."""
+
+    step: int
+    version: int
+    params: Any  # what it was sampled from (`sample_and_score` takes them; it samples no more rounds here)
+    data_position: int  # where its examples start
+    pending: Any  # rollout.PendingRollout, its rows on the host (`phases.wait_for_tokens`)
+
+
+_END = object()  # the sampling thread has no more steps to hand over
+
+
 class RolloutWorker:
-    """The rollout thread: for steps first_step .. last_step in order, waits for the snapshot of
-    `sampling_version(step)`, samples and scores the step's batch (`phases.sample_and_score`, dynamic
-    sampling included) and queues it. An error is queued in its place and raised by `next`."""
+    """The rollout side: for steps first_step .. last_step in order, waits for the snapshot of
+    `sampling_version(step)`, samples and scores the step's batch and queues it for `next`. An
+    error is queued in its place (after the batches before it) and raised by `next`.
+
+    Two threads, a pipeline of two stages: the sampling thread dispatches step n+1's sampler call
+    and waits until its tokens are on the host while the scoring thread runs step n's reward
+    functions. A slow reward (a judge service's round trip, a sandbox) then costs the period
+    max(sampling, scoring) instead of their sum; in series it stalled the sampler for as long as
+    it ran. The hand-over holds one step, so sampling runs at most one step ahead of scoring.
+    Batches come out in step order, and which params a step samples from is fixed by its step
+    (`sampling_version`), never by which thread is faster: the batches are the serial worker's,
+    token for token. `time/reward` is still each batch's reward functions' own time; its
+    `time/rollout` (dispatch to scored, less that) now also counts the wait in the hand-over.
+
+    Dynamic sampling (`grpo.dynamic_sampling`) decides from a round's rewards whether to sample
+    another round for the same step, so scoring gates sampling: under it one thread samples and
+    scores each step in series (`phases.sample_and_score`), as before."""
 
     def __init__(self, ctx: RunContext, snapshots: Snapshots, *, first_step: int, last_step: int,
                  data_position: int, max_staleness: int, should_stop=lambda: False):
-        # The rollout thread's context: the placement's sampler (its own devices when split).
+        # The rollout threads' context: the placement's sampler (its own devices when split).
         # Its params are the snapshots: full params already (adapters merged in by the trainer).
         self._ctx = dataclasses.replace(ctx, sampler=ctx.rollout.sampler, policy=ctx.policy.for_snapshots())
         self._snapshots, self._k = snapshots, max_staleness
         self._first, self._last, self._position = first_step, last_step, data_position
         self._out: queue.Queue = queue.Queue()
+        self._sampled: queue.Queue = queue.Queue(maxsize=1)  # sampling thread -> scoring thread
         self._closing = threading.Event()
         self._should_stop = should_stop
-        self._thread = threading.Thread(target=self._run, name="grpo_jax rollouts", daemon=True)
-        self._thread.start()
+        if ctx.config.grpo.dynamic_sampling:
+            targets = {"grpo_jax rollouts": self._run_serial}
+        else:
+            targets = {"grpo_jax sampling": self._sample_steps, "grpo_jax scoring": self._score_steps}
+        self._threads = [threading.Thread(target=t, name=name, daemon=True) for name, t in targets.items()]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _stop(self) -> bool:
+        """What interrupts a reward function that is still running: `close`, or the trainer's stop."""
+        return self._closing.is_set() or self._should_stop()
+
+    def _run_serial(self) -> None:
         try:
             for step in range(self._first, self._last + 1):
                 version = sampling_version(step, self._k)
@@ -119,11 +158,67 @@ class RolloutWorker:
         except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
             self._out.put(e)
 
+    def _sample_steps(self) -> None:
+        """Stage 1: dispatch each step's sampler call and wait for its tokens, then hand it over."""
+        try:
+            for step in range(self._first, self._last + 1):
+                version = sampling_version(step, self._k)
+                params = self._snapshots.wait(version)
+                if params is None or self._closing.is_set():
+                    return
+                pending = phases.dispatch_round(self._ctx, params, step, self._position, 0)
+                phases.wait_for_tokens(pending)
+                if not self._hand_over(_SampledStep(step, version, params, self._position, pending)):
+                    return
+                self._position += self._ctx.config.grpo.prompts_per_step
+        except BaseException as e:  # noqa: BLE001 - scored steps first, then the error, in order
+            self._hand_over(e)
+        finally:
+            self._hand_over(_END)
+
+    def _hand_over(self, item) -> bool:
+        """Puts `item` for the scoring thread, waiting while it holds one; False once closing."""
+        while not self._closing.is_set():
+            try:
+                self._sampled.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _take(self):
+        """The next handed-over item; _END once closing (the sampling thread may hand over no more)."""
+        while True:
+            try:
+                return self._sampled.get(timeout=0.05)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return _END
+
+    def _score_steps(self) -> None:
+        """Stage 2: score each handed-over step (its reward functions) and queue its batch."""
+        while True:
+            item = self._take()
+            if item is _END or self._closing.is_set():
+                return
+            if isinstance(item, BaseException):
+                self._out.put(item)
+                return
+            try:
+                batch = phases.sample_and_score(self._ctx, item.params, item.step, item.data_position, item.pending,
+                                                item.pending.dispatched_at, self._stop)
+            except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
+                self._out.put(e)
+                self._closing.set()  # nothing after this step can be trained on: the sampler stops too
+                return
+            self._out.put(CollectedStep(step=item.step, version=item.version, batch=batch))
+
     def collect(self, step: int, version: int, params) -> CollectedStep:
-        """Samples and scores step `step` from `params` (version `version`), at the next data position."""
+        """Samples and scores step `step` from `params` (version `version`), at the next data
+        position, in series on the calling thread."""
         first = phases.dispatch_round(self._ctx, params, step, self._position, 0)
-        stop = lambda: self._closing.is_set() or self._should_stop()  # noqa: E731
-        batch = phases.sample_and_score(self._ctx, params, step, self._position, first, first.dispatched_at, stop)
+        batch = phases.sample_and_score(self._ctx, params, step, self._position, first, first.dispatched_at,
+                                        self._stop)
         self._position = batch.data_position
         return CollectedStep(step=step, version=version, batch=batch)
 
@@ -134,10 +229,11 @@ class RolloutWorker:
         return item
 
     def close(self) -> None:
-        """Stops after the rollout in progress (a reward function still running is interrupted)."""
+        """Stops after the sampler call in progress (a reward function still running is interrupted)."""
         self._closing.set()
         self._snapshots.close()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
 
 def _time_after(first, then):

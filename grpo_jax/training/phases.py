@@ -89,6 +89,19 @@ def dispatch_round(ctx: RunContext, params, step: int, data_position: int, round
                                         sampling=ctx.rollout_sampling, rng=rng)
 
 
+def wait_for_tokens(pending) -> float:
+    """Blocks until the sampler call `pending` (`dispatch_round`'s) is done and its rows are on the
+    host; returns time.perf_counter() then. Scoring it afterwards (`sample_and_score`) does not wait
+    for the devices: the asynchronous rollouts sample one step while another step's rewards run
+    (`async_rollouts.RolloutWorker`)."""
+    for x in jax.tree.leaves(pending.sample):
+        if isinstance(x, jax.Array) and x.is_fully_addressable:
+            np.asarray(x)  # a jax.Array keeps its host copy: `score_rollout`'s read of it is then free
+        elif isinstance(x, jax.Array):
+            x.block_until_ready()  # rows of other processes: each reads its own shards when scoring
+    return time.perf_counter()
+
+
 def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
     if x.shape[1] == width:
         return x
