@@ -51,6 +51,7 @@ def test_eight_devices_on_one_process_match_one_device(tmp_path):
                 assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
 
 
+@pytest.mark.slow  # ~80 s
 def test_episodes_on_eight_devices_match_one_device(tmp_path):
     """Episodes: each later turn is a call on the rows still playing, padded to a multiple of the 8
     devices (of a power of two on one device); per-row keys make the samples the same, so the
