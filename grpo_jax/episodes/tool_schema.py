@@ -54,7 +54,7 @@ def docstring_sections(doc: str) -> tuple[str, dict[str, str], str | None]:
     summary = parts[0].strip()
     sections = {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
     args: dict[str, str] = {}
-    name = None
+    name, arg_indent = None, 0
     for line in sections.get("Args", "").splitlines():
         if not line.strip():
             continue

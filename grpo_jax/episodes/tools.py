@@ -26,11 +26,11 @@ become the tool message "Error: ..." and count in `tool_errors`.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from grpo_jax.config.import_paths import import_object
 from grpo_jax.episodes.environment import Environment, Reply
 from grpo_jax.episodes.tool_calls import ToolCall, parse_tool_calls
 from grpo_jax.episodes.tool_schema import json_schema
@@ -158,29 +158,6 @@ def value_fits(value: Any, schema: dict) -> bool:
     if isinstance(value, dict) and "additionalProperties" in schema:
         return all(value_fits(v, schema["additionalProperties"]) for v in value.values())
     return True
-
-
-def import_object(path: str, what: str) -> Any:
-    """The object at `path`, "package.module:Name" (or "package.module.Name"). Raises ValueError
-    naming `what`, the path and what went wrong."""
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"{what} import path {path!r}: expected 'package.module:Name'")
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"{what} import path {path!r}: expected 'package.module:Name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({e}); is it on PYTHONPATH "
-                         "(or in the current directory)?") from e
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{what} {path!r}: module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    return obj
 
 
 def make_environment_factory(spec: str | Callable | Sequence[str | Callable],

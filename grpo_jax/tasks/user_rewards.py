@@ -10,10 +10,11 @@ Functions are called as TRL's GRPOTrainer calls them (`grpo_jax.rewards.calling`
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from grpo_jax.config.import_paths import import_object
 
 from .base import RewardSpec
 
@@ -21,23 +22,7 @@ from .base import RewardSpec
 def import_reward(path: str) -> Callable:
     """The function at `path`, "package.module:function" (or "package.module.function", TRL's CLI
     form). Raises ValueError naming the path and what went wrong."""
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"reward function import path {path!r}: expected 'package.module:function'")
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"reward function import path {path!r}: expected 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r} ({e}); is it on "
-                         "PYTHONPATH (or in the current directory)?") from e
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ValueError(f"reward function {path!r}: module {module_name!r} has no {attr!r}")
-        fn = getattr(fn, part)
+    fn = import_object(path, "reward function")
     if not callable(fn):
         raise ValueError(f"reward function {path!r} is a {type(fn).__name__}, not a function")
     return fn
