@@ -16,11 +16,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from grpo_jax.cli.bench import train_cli
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {
@@ -31,16 +31,7 @@ LORA_VARIANT = {"lora r=16 (sync)": []}  # configs/arith_cpu_lora.py, with --lor
 
 
 def run_demo(overrides: list[str], run_dir: str, config: str = "configs/arith_cpu.py") -> dict:
-    cmd = [sys.executable, "-m", "grpo_jax", "train", "--config", config, "--run-dir", run_dir,
-           "--set", "train.progress=false"]
-    for o in overrides:
-        cmd += ["--set", o]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    wall, rows = train_cli(config, run_dir, overrides, cwd=REPO)
     steps = [r for r in rows if r["step"] > 0 and "time/step" in r]
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
     reached = next((r["step"] for r in evals if r["eval/greedy_accuracy"] >= 0.90), None)

@@ -18,11 +18,10 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from grpo_jax.cli.bench import train_cli
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = "configs/arith_tools_cpu.py"
@@ -37,17 +36,8 @@ def seed_overrides(seed: int | None) -> list[str]:
 
 
 def run_demo(overrides: list[str], run_dir: str) -> dict:
-    cmd = [sys.executable, "-m", "grpo_jax", "train", "--config", CONFIG, "--run-dir", run_dir,
-           "--set", "train.progress=false"]
-    for o in overrides:
-        cmd += ["--set", o]
     started = datetime.datetime.now(datetime.timezone.utc)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    wall, rows = train_cli(CONFIG, run_dir, overrides, cwd=REPO)
     steps = [r for r in rows if r["step"] > 0 and "reward" in r]
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
     sft = json.loads((Path(run_dir) / "sft.json").read_text())

@@ -256,3 +256,26 @@ if __name__ == "__main__":
     script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_w1.py"
     sys.argv[0] = str(script)
     runpy.run_path(str(script), run_name="__main__")
+
+
+def train_cli(config_file: str, run_dir: str, overrides: list[str], *, cwd) -> tuple[float, list[dict]]:
+    """Runs `python -m grpo_jax train --config config_file --run-dir run_dir --set ...` from `cwd`
+    (the repository) as a user would, progress bar off; (wall seconds, the run's metrics rows).
+    A failed run exits the benchmark with the command and the end of its stderr."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "grpo_jax", "train", "--config", config_file, "--run-dir", run_dir,
+           "--set", "train.progress=false"]
+    for o in overrides:
+        cmd += ["--set", o]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(cwd)))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return wall, [json.loads(line) for line in open(pathlib.Path(run_dir) / "metrics.jsonl")]
+
