@@ -263,6 +263,13 @@ def _sample_log(ctx: RunContext, step: int, rollouts: list, row_index: np.ndarra
     return samples
 
 
+def trained_tokens(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """[B, C] int32, 1 on the tokens the loss may train: real completion tokens (`mask`) the model
+    wrote itself (`tool_mask`; a batch made without one, as research code may, is all the model's)."""
+    mask = arrays["mask"]
+    return (mask * arrays.get("tool_mask", mask)).astype(np.int32)
+
+
 def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
     """Phase 4 (the rewards were scored in `sample_and_score`): (advantages [B] float32, completion mask [B, C] int32 of the tokens that train).
 
@@ -271,7 +278,7 @@ def compute_advantages(ctx: RunContext, batch: StepBatch) -> tuple[np.ndarray, n
     (`advantage_estimators.estimator_advantages`); its lengths are the loss's real tokens per row."""
     g = ctx.config.grpo
     # The model's own tokens train; an environment's tokens (episodes) are context only.
-    completion_mask = (batch.arrays["mask"] * batch.arrays["tool_mask"]).astype(np.int32)
+    completion_mask = trained_tokens(batch.arrays)
     if g.mask_truncated_completions:
         completion_mask = completion_mask * (~batch.truncated)[:, None]
     per_func, weights = None, None
@@ -462,7 +469,7 @@ def report(ctx: RunContext, step: int, batch: StepBatch, advantages: np.ndarray,
         "completions/truncated_reward_zeroed": (float(batch.zeroed_by_truncation.mean())
                                                 if batch.zeroed_by_truncation is not None else 0.0),
         **_advantage_stats(advantages if advantages.ndim == 1
-                           else advantages[(batch.arrays["mask"] * batch.arrays["tool_mask"]) > 0]),
+                           else advantages[trained_tokens(batch.arrays) > 0]),
         "learning_rate": float(ctx.schedule(max(0, (step - 1) * ctx.updates_per_step))),
         **times,
         "data_position": batch.data_position,
