@@ -300,6 +300,7 @@ def test_the_readmes_environment_and_tool_work_as_written(tmp_path):
     code = re.search(r"```python\n(# my_envs\.py\nfrom grpo_jax\.episodes import Reply\n.*?)```", readme, re.S).group(1)
     (tmp_path / "my_envs.py").write_text(code)
     sys.path.insert(0, str(tmp_path))
+    sys.modules.pop("my_envs", None)  # another test's module of that name, if one was imported
     try:
         game = make_environment_factory("my_envs:GuessTheNumber")()
         game.reset(prompt="guess", answer="42")

@@ -17,7 +17,9 @@ from grpo_jax import config as config_lib
 # Hugging Face's Trainer decays neither. Token embeddings are not decayed either (as GPT-2, nanoGPT
 # and OLMo do): a row only gets a gradient when its token occurs, so decay would shrink rare tokens
 # every step. Names are the leaves of the parameter tree (grpo_jax.model's table).
-DECAYED_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})
+# Experts' matrices and the router's are matrices like the rest (as Hugging Face's Trainer treats them).
+DECAYED_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+                             "expert_gate", "expert_up", "expert_down", "router"})
 UNDECAYED_WEIGHTS = frozenset(
     {"embed", "attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "final_norm", "q_norm", "k_norm",
      "q_bias", "k_bias", "v_bias"}
