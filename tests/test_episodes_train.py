@@ -68,3 +68,21 @@ def test_turn_rewards_train_per_token(tmp_path):
     assert any(row["advantages/std"] > 0 for row in rows)
     # The turn rewards train per token, not again as the episode's reward function "environment".
     assert all(not np.isfinite(row.get("rewards/environment/mean", np.nan)) for row in rows)
+
+
+def test_dynamic_sampling_and_truncation_work_on_episodes(tmp_path):
+    """DAPO's dynamic sampling plays further rounds of episodes until groups disagree, and episodes
+    that run out of budget are truncated and masked as single answers are."""
+    cfg = tiny_config(tmp_path)
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_new_tokens=8),
+                              task=dataclasses.replace(cfg.task, max_turns=2, max_tokens_per_turn=4),
+                              grpo=dataclasses.replace(cfg.grpo, dynamic_sampling=True, max_resample_rounds=2,
+                                                       mask_truncated_completions=True),
+                              train=dataclasses.replace(cfg.train, steps=3, checkpoint_every=0))
+    result = train.run(cfg, task=with_environment(SevensTask(), AskThenAnswer))
+    rows = [row for row in result.history if "reward" in row]
+    assert len(rows) == 3
+    assert all(1 <= row["dynamic_sampling/rounds"] <= 3 for row in rows)
+    assert any(row["completions/clipped_ratio"] > 0 for row in rows)  # random turns often run out of budget
+    # A step whose every episode was truncated has nothing to train (masked out), as for single answers.
+    assert all(np.isfinite(row["loss"]) for row in rows if "loss" in row)
