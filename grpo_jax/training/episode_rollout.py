@@ -3,8 +3,9 @@
 Each turn is one call of the engine (`SamplingEngine`, built-in or vLLM) on the rows still playing:
 a row whose environment is thinking leaves the batch, and comes back next turn with its whole
 context (prompt, its turns, the environment's tokens) as the prompt. Engines that cache prefixes
-(vLLM) prefill only the new tokens; the built-in engines prefill the context again, which on the
-lengths of tool episodes costs less than holding every row's decode slot while the host waits.
+(vLLM) prefill only the new tokens; the built-in engines prefill the whole context again (keeping a
+row's cache between calls is not built), the price of never holding a decode slot while the host
+waits.
 
 The first turn is the single-answer rollout's own call (the G rows of a prompt share its prefill and
 the same seed), so with `max_turns=1` an episode is exactly the single-answer sample. Later turns
@@ -45,6 +46,7 @@ import numpy as np
 
 from grpo_jax.distributed import sharding
 from grpo_jax.episodes.environment import EpisodeError, Reply, checked_reply
+from grpo_jax.episodes.tools import ToolEnvironment
 from grpo_jax.sampling.engine import SampleOutput, SamplingConfig, SamplingEngine
 
 
@@ -101,11 +103,11 @@ class EpisodeBatch:
 
     def fields(self) -> dict[str, list]:
         """What reward functions get besides the example's fields: the environment objects
-        (`environments`, TRL's keyword), each episode's environment reward (None: it gave none),
-        its turn count, its turns' texts and the whole episode after the prompt, as text."""
+        (`environments`, TRL's keyword), each episode's environment reward (None: it gave none,
+        or its rewards train per turn), its turn count and its turns' texts."""
         eps = self.episodes
         return {
-            "environments": [getattr(e.env, "env", e.env) for e in eps],
+            "environments": [_users(e.env) for e in eps],
             # Process rewards train per turn (`turn_steps`), not again as the episode's.
             "environment_reward": [None if self.turn_rewards == "process" else e.env_reward for e in eps],
             "turns": [len(e.turn_texts) for e in eps],
@@ -171,8 +173,13 @@ def _render(tokenizer, conversation: list[dict], *, generation: bool, tools) -> 
                                               **kwargs))
 
 
+def _users(env):
+    """The user's own environment object: a tool environment's wrapped TRL-style object, if any."""
+    return env.env if isinstance(env, ToolEnvironment) and env.env is not None else env
+
+
 def _env_name(env) -> str:
-    return type(getattr(env, "env", env)).__name__
+    return type(_users(env)).__name__
 
 
 def start_episode(env, example: dict, row: int, tokenizer, encode_prompt: Callable) -> Episode:
