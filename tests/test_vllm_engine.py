@@ -221,6 +221,20 @@ def test_adapter_weights_send_the_base_once_then_only_the_peft_adapter_files():
     _assert_adapter_file(backend.calls[4][2]["adapter_model.safetensors"], second.adapters)
 
 
+def test_full_params_after_adapters_replace_them_and_the_base_goes_again_with_the_next_adapters():
+    """Full params sent after adapters are the policy (the engine drops the adapter: vllm_backends),
+    so adapters over the old base afterwards send that base again, not just their files."""
+    backend = FakeBackend()
+    engine, base = _engine(backend), _params()
+    spec = lora.LoraSpec(rank=4, scale=2.0, targets=("q_proj", "down_proj"))
+    call = lambda w: engine(w, [[3]], num_samples=2, sampling=SAMPLING, rng=jax.random.PRNGKey(0))  # noqa: E731
+    call(AdapterWeights(adapters=_adapters(base, 1), base=base, spec=spec, alpha=8.0))
+    call(_params(seed=5))
+    assert backend.names()[3:] == ["load_weights", "generate"]
+    call(AdapterWeights(adapters=_adapters(base, 2), base=base, spec=spec, alpha=8.0))
+    assert backend.names()[5:] == ["load_weights", "load_adapter", "generate"]
+
+
 def _assert_adapter_file(data: bytes, adapters) -> None:
     import tempfile
 

@@ -132,6 +132,9 @@ class Colocated:
         # The worker's in-place reload, not model.load_weights: after loading, a platform may have
         # repacked a layer's weights (vLLM's CPU backend does), and reload_weights redoes that too.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        # New weights are the policy until an adapter is loaded over them again (an AdapterWeights
+        # sync sends its base first, then its adapters): an older adapter must not stay applied.
+        self._lora = None
         self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
     def load_adapter(self, adapter_dir: str, version: int) -> None:

@@ -172,6 +172,7 @@ class VllmEngine:
         else:
             self._send_full(params)
             self._synced = weakref.ref(self._leaf(params))
+            self._synced_base = None  # the engine now holds these params, not an adapters' base
         self.weights_version += 1
         self._sync_seconds = (self._sync_seconds or 0.0) + time.perf_counter() - t0
 
