@@ -391,8 +391,9 @@ def test_the_loop_dispatches_the_next_rollout_before_reading_the_last_update(tmp
     assert events == [("dispatch", 1), ("dispatch", 2), ("read", 1), ("dispatch", 3), ("read", 2), ("read", 3)]
     assert [row["step"] for row in result.history] == [1, 2, 3]
     for row in result.history:  # each phase timed from when the devices ran it, not dispatch
-        assert all(row[k] > 0 for k in ("time/rollout", "time/update", "time/step")), row
-        assert row["time/step"] >= row["time/update"]
+        # Never negative; 0 only where a watcher thread saw a short phase end late (step_record).
+        assert all(row[k] >= 0 for k in ("time/rollout", "time/update")), row
+        assert row["time/step"] > 0 and row["time/step"] >= row["time/update"], row
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run_with_finite_checkpoints(tmp_path, monkeypatch):

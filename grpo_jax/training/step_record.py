@@ -43,13 +43,16 @@ class StepRecord:
         batch = self.batch
         logprobs_end = self.logprobs.ended_at()
         step_seconds = update_ready_at - batch.device_start if period is None else period
+        # Readiness is observed by watcher threads (timing.ReadyAt), which may see a phase end a
+        # little late; where that lag exceeds a short phase a difference would come out negative,
+        # which no phase takes: such a phase is reported as 0.
         return {
             # TRL splits generation from scoring: time/rollout is sampling + decoding text.
-            "time/rollout": batch.finished_at - batch.device_start - batch.reward_seconds,
+            "time/rollout": max(0.0, batch.finished_at - batch.device_start - batch.reward_seconds),
             "time/reward": batch.reward_seconds,
-            "time/logprobs": logprobs_end - self.logprobs.dispatched_at,
+            "time/logprobs": max(0.0, logprobs_end - self.logprobs.dispatched_at),
             # The device runs in order: the update starts when it is dispatched and the log-probs are done.
-            "time/update": update_ready_at - max(self.update.dispatched_at, logprobs_end),
+            "time/update": max(0.0, update_ready_at - max(self.update.dispatched_at, logprobs_end)),
             "time/step": step_seconds,
             "tokens_per_second": float(batch.arrays["mask"].sum()) / max(step_seconds, 1e-9),
         }
