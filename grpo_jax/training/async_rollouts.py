@@ -147,13 +147,19 @@ class RolloutWorker:
         """What interrupts a reward function that is still running: `close`, or the trainer's stop."""
         return self._closing.is_set() or self._should_stop()
 
+    def _steps(self):
+        """(step, version, params) for each step in order, once the snapshot its step names is
+        there; ends early when the worker closes."""
+        for step in range(self._first, self._last + 1):
+            version = sampling_version(step, self._k)
+            params = self._snapshots.wait(version)
+            if params is None or self._closing.is_set():
+                return
+            yield step, version, params
+
     def _run_serial(self) -> None:
         try:
-            for step in range(self._first, self._last + 1):
-                version = sampling_version(step, self._k)
-                params = self._snapshots.wait(version)
-                if params is None or self._closing.is_set():
-                    return
+            for step, version, params in self._steps():
                 self._out.put(self.collect(step, version, params))
         except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
             self._out.put(e)
@@ -161,11 +167,7 @@ class RolloutWorker:
     def _sample_steps(self) -> None:
         """Stage 1: dispatch each step's sampler call and wait for its tokens, then hand it over."""
         try:
-            for step in range(self._first, self._last + 1):
-                version = sampling_version(step, self._k)
-                params = self._snapshots.wait(version)
-                if params is None or self._closing.is_set():
-                    return
+            for step, version, params in self._steps():
                 pending = phases.dispatch_round(self._ctx, params, step, self._position, 0)
                 phases.wait_for_tokens(pending)
                 if not self._hand_over(_SampledStep(step, version, params, self._position, pending)):
