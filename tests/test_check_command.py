@@ -231,7 +231,7 @@ def test_qwen25_05b_gpu_config_on_8_devices(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "summary:" in proc.stdout and "fake CPU devices" in proc.stderr
     f = json.loads((tmp_path / "f.json").read_text())
-    assert f["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert f["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
     # data=8 splits rows only: every device holds the whole 494,032,768-parameter model.
     assert f["per_device_bytes"]["params"] == 4 * 494_032_768
     assert f["per_device_bytes"]["reference"] == 2 * 494_032_768  # ref_dtype bfloat16
@@ -285,11 +285,11 @@ def test_check_shows_the_rollout_device_split(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     f = json.loads(out_json.read_text())
     num_params = 2 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 2 * 14 * 128 + 128  # as in the first test
-    assert f["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    assert f["mesh"] == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 1}
     # KV cache: 32 rows x (8 + 5) tokens x 2 layers x (k, v) x 4 kv heads x 32 head dim x 4 B.
     assert f["rollout_devices"] == {"devices": 4, "rows_per_device": 32, "snapshot_bytes_per_device": 4 * num_params,
                                     "kv_cache_bytes_per_device": 32 * 13 * 2 * 2 * 4 * 32 * 4}
-    assert "mesh data=4 fsdp=1 tensor=1 over the trainer's 4; rollouts on 4 more device(s) of their own" in proc.stdout
+    assert "mesh data=4 fsdp=1 expert=1 tensor=1 over the trainer's 4; rollouts on 4 more device(s) of their own" in proc.stdout
 
 
 def test_a_very_deep_model_says_at_once_that_the_check_takes_minutes(monkeypatch, caplog):

@@ -251,13 +251,13 @@ def test_resolved_old_logprobs_reads_off_policy_and_the_update_count():
     (["off_policy.max_staleness=1"], 8, 2, "off_policy.max_staleness=1 runs in one process; this run has 2"),
     (["off_policy.max_staleness=1", "off_policy.rollout_devices=3"], 8, 1,
      "128 completions must split evenly over off_policy.rollout_devices=3"),
-    (["mesh.data=3"], 8, 1, "mesh: data*fsdp*tensor = 3*1*1 = 3 but there are 8 devices"),
+    (["mesh.data=3"], 8, 1, "mesh: data*fsdp*expert*tensor = 3*1*1*1 = 3 but there are 8 devices"),
     (["mesh.fsdp=3"], 8, 1, "mesh: 8 devices do not divide by the fixed axes (mesh.fsdp=3"),
     # 128 / (4 minibatches * 8 accumulation steps) = 4 rows per micro-batch over 8 devices.
     (["grpo.num_minibatches=4", "grpo.grad_accum_steps=8"], 8, 1, "a micro-batch of 4 completions"),
     # 12 prompts split over 3 processes but not over the 8 devices' data x fsdp.
     (["grpo.prompts_per_step=12"], 8, 3, "grpo.prompts_per_step=12 must split evenly over 3 processes"),
-    (["sft.steps=1", "sft.batch_size=12"], 8, 2, "sft.batch_size=12 must split evenly over mesh.data * mesh.fsdp = 8"),
+    (["sft.steps=1", "sft.batch_size=12"], 8, 2, "sft.batch_size=12 must split evenly over mesh.data * mesh.fsdp * mesh.expert = 8"),
 ])
 def test_mesh_time_validation_needs_only_the_config_and_the_device_count(overrides, devices, processes, words):
     # The rules that used to be raised while building the run (training/run_context.py), now asked
@@ -272,8 +272,8 @@ def test_mesh_time_validation_returns_the_trainers_mesh_shape():
     # 8 devices, 4 of them sampling: fsdp=2 leaves data=2 on the 4 trainer devices. With 2 sampling,
     # data=-1 takes the 6 left over, which a micro-batch of 128 rows does not split over.
     cfg = apply_overrides(Config(), ["off_policy.max_staleness=1", "off_policy.rollout_devices=4", "mesh.fsdp=2"])
-    assert config_lib.validate_for_devices(cfg, 8) == (2, 2, 1)
-    with pytest.raises(ConfigError, match="must split evenly over mesh.data \\* mesh.fsdp = 6"):
+    assert config_lib.validate_for_devices(cfg, 8) == (2, 2, 1, 1)
+    with pytest.raises(ConfigError, match="must split evenly over mesh.data \\* mesh.fsdp \\* mesh.expert = 6"):
         config_lib.validate_for_devices(apply_overrides(Config(), ["off_policy.max_staleness=1",
                                                                    "off_policy.rollout_devices=2"]), 8)
 
@@ -284,6 +284,6 @@ def test_eval_asks_only_for_the_device_split_and_the_mesh():
     cfg = Config()
     with pytest.raises(ConfigError, match="a micro-batch of 128 completions"):
         config_lib.validate_for_devices(cfg, 3)
-    assert config_lib.validate_for_devices(cfg, 3, batch=False) == (3, 1, 1)
+    assert config_lib.validate_for_devices(cfg, 3, batch=False) == (3, 1, 1, 1)
     with pytest.raises(ConfigError, match="mesh: data"):
         config_lib.validate_for_devices(apply_overrides(cfg, ["mesh.data=2"]), 3, batch=False)

@@ -21,6 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 from grpo_jax.io import hf
 from grpo_jax.model import ModelConfig, Transformer, init_model, moe, partition_specs
+from tolerances import metric_tolerance
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "hf_qwen3_moe"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -99,8 +100,9 @@ def test_dense_config_is_unchanged_and_sparse_layers_follow_transformers_rule():
 
 def test_expert_weights_are_sharded_on_the_expert_dimension():
     specs = partition_specs(_params(init_model(TINY, 0)))["layers"][0]["mlp"]
-    assert tuple(specs["expert_gate"]) == ("tensor", "fsdp", None)
-    assert tuple(specs["expert_down"]) == ("tensor", None, "fsdp")
+    # E over the expert axis, each expert's width I over tensor (as the dense MLP's F), D over fsdp.
+    assert tuple(specs["expert_gate"]) == ("expert", "fsdp", "tensor")
+    assert tuple(specs["expert_down"]) == ("expert", "tensor", "fsdp")
     assert tuple(specs["router"]) == ("fsdp", None)
 
 
@@ -283,12 +285,13 @@ graphdef, params = nnx.split(model, nnx.Param)
 tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (4, 7)), jnp.int32)
 fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
 one = np.asarray(fwd(params, tokens))
-mesh = make_mesh(data=1, fsdp=2, tensor=2)
+mesh = make_mesh(data=1, fsdp=2, tensor=2, expert=2)
 with jax.set_mesh(mesh):
     sharded = jax.device_put(params, param_shardings(mesh, params))
     compiled = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t)).lower(sharded, tokens).compile()
     many = np.asarray(compiled(sharded, tokens))
 gate = nnx.to_pure_dict(sharded)["layers"][0]["mlp"]["expert_gate"]
+hlo = compiled.as_text()
 # The sampler on the mesh records the same experts as on one device (decided routing: weights x 10).
 from grpo_jax.sampling import sampler as S
 params = jax.tree.map(lambda p: p * 10.0 if p.ndim > 1 else p, params)
@@ -300,22 +303,53 @@ same = [np.array_equal(np.moveaxis(np.asarray(r.experts_BxLxSxK), 1, 2)[real],
                        np.moveaxis(np.asarray(runs[0].experts_BxLxSxK), 1, 2)[real]) for r in runs]
 print(json.dumps({"diff": float(np.abs(many - one).max()), "scale": float(np.abs(one).max()),
                   "gate_shard": list(gate.addressable_shards[0].data.shape), "experts_same": same[1],
+                  "reduce_scatters": hlo.count("reduce-scatter("), "all_gathers": hlo.count("all-gather("),
                   "experts_rows_shard": list(runs[1].experts_BxLxSxK.addressable_shards[0].data.shape)}))
 """
 
 
-def test_experts_split_over_the_tensor_axis_give_the_one_device_logits_and_routing():
-    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=4",
+def test_experts_split_over_the_expert_axis_give_the_one_device_logits_and_routing():
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _MESH_CHECK], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["gate_shard"] == [2, 8, 12]  # [E, D, I] = [4, 16, 12] split E / tensor, D / fsdp
-    # The recorded experts [B, L, S, K] = [4, 2, 11, 2] come back with their rows split over fsdp.
-    assert result["experts_same"] and result["experts_rows_shard"] == [2, 2, 11, 2]
+    # Mesh fsdp=2 x expert=2 x tensor=2: [E, D, I] = [4, 16, 12] split E / expert, D / fsdp, I / tensor.
+    assert result["gate_shard"] == [2, 8, 6]
+    # The tokens travel, not the experts: each of the 2 sparse layers gathers its expert group's
+    # tokens (and their experts and weights) and reduce-scatters the outputs back.
+    assert result["reduce_scatters"] >= 2 and result["all_gathers"] >= 2, result
+    # The recorded experts [B, L, S, K] = [4, 2, 11, 2] come back with their rows split over fsdp x expert.
+    assert result["experts_same"] and result["experts_rows_shard"] == [1, 2, 11, 2]
     # Sharded matmuls sum the same products in another order (tests/tolerances.py FORWARD_REL_ERR).
     assert result["diff"] <= 1e-4 * result["scale"]
+
+
+def _moe_run(tmp_path, devices: int) -> dict:
+    out = tmp_path / f"moe{devices}.json"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "moe_devices_check.py"), str(out),
+                           str(tmp_path / out.stem)], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # two subprocess training runs (~20 s and ~35 s); CI runs it with the slow tests
+def test_moe_trains_on_eight_devices_with_experts_split_as_on_one_device(tmp_path):
+    one, eight = _moe_run(tmp_path, 1), _moe_run(tmp_path, 8)
+    assert eight["mesh"] == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2}
+    # [E, D, I] = [8, 32, 24]: each device holds 4 experts, half of D (fsdp), half of I (tensor).
+    assert one["expert_gate_shard"] == [8, 32, 24] and eight["expert_gate_shard"] == [4, 16, 12]
+    assert len(eight["history"]) == len(one["history"]) == 3
+    for got, want in zip(eight["history"], one["history"]):
+        # The same answers sampled (the same tokens, so the same rewards and lengths) ...
+        for k in ("reward", "completions/mean_length", "data_position"):
+            assert got[k] == want[k], (got["step"], k)
+        # ... and the same update, to the reordered sums' rounding (tests/tolerances.py).
+        for k in ("loss", "kl", "grad_norm", "entropy"):
+            assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
 
 
 @pytest.mark.parity

@@ -32,7 +32,7 @@ def test_a_micro_batch_that_does_not_split_over_the_devices_names_the_fields():
     config = Config(grpo=GRPOSection(prompts_per_step=3, num_generations=3))  # 9 rows, 1 micro-batch
     run_context.check_batch_fits_mesh(config, sharding.make_mesh())  # one device: fine
     two_devices = jax.sharding.AbstractMesh((2, 1, 1), sharding.MESH_AXES)  # only its axis sizes are read
-    with pytest.raises(ConfigError, match="micro-batch of 9 completions .* mesh.data \\* mesh.fsdp = 2"):
+    with pytest.raises(ConfigError, match="micro-batch of 9 completions .* mesh.data \\* mesh.fsdp \\* mesh.expert = 2"):
         run_context.check_batch_fits_mesh(config, two_devices)
 
 

@@ -53,10 +53,13 @@ def _spec_of(specs, *path):
 
 def test_mesh_shape_fills_the_free_axis():
     # 8 devices, fsdp=2, tensor=2: data takes the 8 / 4 = 2 left over.
-    assert sharding.mesh_shape(-1, 2, 2, num_devices=8) == (2, 2, 2)
+    # (data, fsdp, expert, tensor), the mesh's axis order.
+    assert sharding.mesh_shape(-1, 2, 2, num_devices=8) == (2, 2, 1, 2)
     # 16 devices (a v5e-16), fsdp -1: all 16 on fsdp.
-    assert sharding.mesh_shape(1, -1, 1, num_devices=16) == (1, 16, 1)
-    assert sharding.mesh_shape(8, 1, 1, num_devices=8) == (8, 1, 1)
+    assert sharding.mesh_shape(1, -1, 1, num_devices=16) == (1, 16, 1, 1)
+    assert sharding.mesh_shape(8, 1, 1, num_devices=8) == (8, 1, 1, 1)
+    # 64 devices (a v5p-64), experts over 8 of them and the batch over all 64.
+    assert sharding.mesh_shape(1, -1, 1, num_devices=64, expert=8) == (1, 8, 8, 1)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -70,10 +73,10 @@ def test_mesh_shape_errors_name_the_axis(args, message):
         sharding.mesh_shape(*args[:3], num_devices=args[3])
 
 
-def test_make_mesh_on_one_device_has_the_three_axes():
+def test_make_mesh_on_one_device_has_the_four_axes():
     mesh = sharding.make_mesh()
-    assert mesh.axis_names == ("data", "fsdp", "tensor")
-    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +154,7 @@ def test_global_batch_round_trips_rows_and_counts_bytes():
     rows = {"tokens": np.arange(12, dtype=np.int32).reshape(2, 3, 2), "none": None}
     batch = sharding.global_batch(mesh, rows, num_rows=3, row_axis=1)
     assert batch["none"] is None
-    assert batch["tokens"].sharding.spec == P(None, ("data", "fsdp"))
+    assert batch["tokens"].sharding.spec == P(None, ("data", "fsdp", "expert"))
     np.testing.assert_array_equal(sharding.process_rows(batch["tokens"], row_axis=1), rows["tokens"])
     # 12 int32 = 48 bytes, all on the one device.
     assert list(sharding.bytes_per_device(batch).values()) == [48]

@@ -7,7 +7,7 @@ cannot disagree.
     rows_per_minibatch   = rows / num_minibatches                      (one optimizer update)
     rows_per_micro_batch = rows_per_minibatch / grad_accum_steps       (one forward/backward, M)
     micro_batches_per_step = num_minibatches * grad_accum_steps
-    rows_per_device      = rows / (mesh.data * mesh.fsdp)              (the rollout's share)
+    rows_per_device      = rows / (mesh.data * mesh.fsdp * mesh.expert)              (the rollout's share)
     updates_per_step     = num_iterations * num_minibatches
 """
 
@@ -23,7 +23,7 @@ class BatchPlan:
     num_minibatches: int
     micro_batches: int  # grpo.grad_accum_steps: micro-batches per optimizer update
     num_iterations: int
-    row_devices: int = 1  # devices the rows split over: mesh.data * mesh.fsdp
+    row_devices: int = 1  # devices the rows split over: mesh.data * mesh.fsdp * mesh.expert
 
     @classmethod
     def of(cls, grpo, row_devices: int = 1) -> BatchPlan:

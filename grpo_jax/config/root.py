@@ -96,19 +96,19 @@ def validate_for_devices(config: Config, num_devices: int, num_processes: int = 
         raise ConfigError(f"{e} ({num_devices - r} {kind}{where})") from None
     if not batch:
         return shape
-    multiple = shape[0] * shape[1]  # rows split over data x fsdp
+    multiple = shape[0] * shape[1] * shape[2]  # rows split over data x fsdp x expert
     rows_per_micro = BatchPlan.of(g, multiple).rows_per_micro_batch
     if rows_per_micro % multiple:
         raise ConfigError(
             f"a micro-batch of {rows_per_micro} completions (grpo.prompts_per_step * grpo.num_generations / "
-            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp = "
+            f"(grpo.num_minibatches * grpo.grad_accum_steps)) must split evenly over mesh.data * mesh.fsdp * mesh.expert = "
             f"{multiple} devices")
     if num_processes > 1 and (g.prompts_per_step % num_processes or g.prompts_per_step % multiple):
         raise ConfigError(
             f"grpo.prompts_per_step={g.prompts_per_step} must split evenly over {num_processes} processes and over "
-            f"mesh.data * mesh.fsdp = {multiple} devices (each process samples its share of the prompts)")
+            f"mesh.data * mesh.fsdp * mesh.expert = {multiple} devices (each process samples its share of the prompts)")
     if num_processes > 1 and config.sft.steps > 0 and config.sft.batch_size % multiple:
         raise ConfigError(
-            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp = {multiple} devices "
+            f"sft.batch_size={config.sft.batch_size} must split evenly over mesh.data * mesh.fsdp * mesh.expert = {multiple} devices "
             "on several processes (each process feeds its devices' rows)")
     return shape

@@ -110,29 +110,34 @@ class TrainSection:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-    """The device mesh (grpo_jax.distributed.sharding): batch rows over data x fsdp, weights over
-    fsdp and tensor. -1 takes the devices left over. The default puts every local device on `data`.
-    The sampler's own devices, if any, are `off_policy.rollout_devices`."""
+    """The device mesh (grpo_jax.distributed.sharding): batch rows over data x fsdp x expert, weights
+    over fsdp and tensor, a mixture-of-experts model's experts over expert. -1 takes the devices left
+    over. The default puts every local device on `data`. The sampler's own devices, if any, are
+    `off_policy.rollout_devices`."""
 
     NAME: ClassVar[str] = "mesh"
+    AXES: ClassVar[tuple[str, ...]] = ("data", "fsdp", "expert", "tensor")  # sharding.MESH_AXES' order
     data: int = -1
     fsdp: int = 1
+    # Expert parallelism: devices that split a MoE layer's experts (and the batch, like data). Must
+    # divide the model's num_experts (checked against the model in `check_model`).
+    expert: int = 1
     tensor: int = 1
 
     def validate(self) -> None:
         check_fields(self)
-        for key in ("data", "fsdp", "tensor"):
+        for key in self.AXES:
             value = getattr(self, key)
             if value == 0 or value < -1:
                 raise ConfigError(f"mesh.{key}={value} must be a positive device count or -1 (the rest)")
-        free = [key for key in ("data", "fsdp", "tensor") if getattr(self, key) == -1]
+        free = [key for key in self.AXES if getattr(self, key) == -1]
         if len(free) > 1:
             raise ConfigError(f"mesh: only one axis may be -1, got {free} = -1")
 
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) over `num_devices`, the -1 axis given the devices left over; a
-        ConfigError when they do not fit."""
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+    def shape(self, num_devices: int) -> tuple[int, int, int, int]:
+        """(data, fsdp, expert, tensor) over `num_devices`, the -1 axis given the devices left over;
+        a ConfigError when they do not fit."""
+        sizes = {key: getattr(self, key) for key in self.AXES}
         fixed = math.prod(size for size in sizes.values() if size != -1)
         free = [name for name, size in sizes.items() if size == -1]
         if free:
@@ -142,6 +147,16 @@ class MeshSection:
                                   + f", product {fixed})")
             sizes[free[0]] = num_devices // fixed
         if math.prod(sizes.values()) != num_devices:
-            raise ConfigError(f"mesh: data*fsdp*tensor = {sizes['data']}*{sizes['fsdp']}*{sizes['tensor']} = "
+            raise ConfigError(f"mesh: {'*'.join(self.AXES)} = {'*'.join(str(sizes[k]) for k in self.AXES)} = "
                               f"{math.prod(sizes.values())} but there are {num_devices} devices; use -1 for one axis")
-        return sizes["data"], sizes["fsdp"], sizes["tensor"]
+        return tuple(sizes[k] for k in self.AXES)
+
+    def check_model(self, num_experts: int) -> None:
+        """Refuses an expert axis the model cannot use: a dense model, or experts that do not split."""
+        if self.expert in (1, -1):
+            return
+        if num_experts == 0:
+            raise ConfigError(f"mesh.expert={self.expert} splits a mixture-of-experts model's experts; this model "
+                              "is dense (num_experts 0). Put these devices on mesh.data")
+        if num_experts % self.expert:
+            raise ConfigError(f"mesh.expert={self.expert} must divide the model's num_experts={num_experts}")

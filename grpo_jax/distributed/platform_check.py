@@ -39,9 +39,10 @@ def accelerator_expected(config: Config) -> str | None:
     """Why `config` expects a GPU or TPU ("; "-joined reasons), or None when it runs fine on a CPU."""
     reasons = []
     mesh = config.mesh
-    explicit = [size for size in (mesh.data, mesh.fsdp, mesh.tensor) if size != -1]
+    sizes = {axis: getattr(mesh, axis) for axis in mesh.AXES}
+    explicit = [size for size in sizes.values() if size != -1]
     if math.prod(explicit) > 1:
-        reasons.append(f"mesh data={mesh.data}, fsdp={mesh.fsdp}, tensor={mesh.tensor} asks for at least "
+        reasons.append(f"mesh {', '.join(f'{a}={n}' for a, n in sizes.items())} asks for at least "
                        f"{math.prod(explicit)} devices")
     if config.model.dtype == "bfloat16":
         reasons.append("model.dtype='bfloat16' computes in bf16, which XLA's CPU backend emulates")

@@ -90,7 +90,7 @@ class Processes:
 
     def to_global(self, tree, row_axis: int = 0):
         """Host arrays holding every row (the same on every process) -> global arrays with rows
-        (axis `row_axis`) over ("data", "fsdp"); each device receives only its rows."""
+        (axis `row_axis`) over the batch axes ("data", "fsdp", "expert"); each device receives only its rows."""
         row_sharding = sharding.batch_sharding(self.mesh, row_axis)
         if self.count == 1:
             return jax.device_put(tree, row_sharding)

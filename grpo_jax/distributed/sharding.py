@@ -1,12 +1,16 @@
 """Mesh, shardings and multi-host set-up: how the trainer's arrays are laid out over devices.
 
-One mesh with three axes (the only place they are named):
+One mesh with four axes (the only place they are named):
 
     data    splits the batch; every weight is whole (replicated) along it.
     fsdp    splits the batch too, and shards every weight matrix on its hidden dimension D
             (ZeRO-3 / FSDP): each weight is all-gathered just before use, and its gradient
             reduce-scattered, by XLA.
-    tensor  shards heads, the MLP width F and the vocabulary V (Megatron-style tensor parallel).
+    expert  splits the batch too, and a mixture-of-experts layer's experts (expert parallelism):
+            each device holds E / expert of them, and tokens travel to their experts' devices
+            (`grpo_jax.model.expert_dispatch`). Dense weights are whole along it.
+    tensor  shards heads, the MLP width F (and each expert's width I) and the vocabulary V
+            (Megatron-style tensor parallel).
 
 Weights take their PartitionSpec from the one table in `model.SHARDING` (the training layout);
 `decode_param_shardings` is the rollout variant, the same table without "fsdp", so the decode loop
@@ -15,7 +19,7 @@ mesh axes assigned to it (4 kv heads on tensor=8, a vocabulary of 151,936 on fsd
 is replicated instead: correct everywhere, only less memory-efficient.
 
 Adam's mu and nu are laid out like their params; step counters and other scalars are replicated.
-Batch rows (rollout prompts and answers, update micro-batches) are split over ("data", "fsdp").
+Batch rows (rollout prompts and answers, update micro-batches) are split over ("data", "fsdp", "expert").
 
 Everything here uses `jax.jit` with explicit shardings (no `jax.pmap`), and mesh axes of type
 `Auto`, so XLA's partitioner inserts the collectives. Multi-host: every process runs the same
@@ -40,19 +44,19 @@ from grpo_jax import model as model_lib
 
 log = logging.getLogger("grpo_jax")
 
-MESH_AXES = ("data", "fsdp", "tensor")
-# Batch rows are split over both batch-like axes: fsdp devices hold different rows too.
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# Batch rows are split over every batch-like axis: fsdp and expert devices hold different rows too.
+BATCH_AXES = ("data", "fsdp", "expert")
 
 
 # ----------------------------------------------------------------------------------------------
 # The mesh.
 
-def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int | None = None
-               ) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) with at most one -1 replaced by the devices left over."""
+def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int | None = None, *,
+               expert: int = 1) -> tuple[int, int, int, int]:
+    """(data, fsdp, expert, tensor), MESH_AXES' order, with at most one -1 replaced by the devices left over."""
     n = jax.device_count() if num_devices is None else num_devices
-    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    sizes = {"data": data, "fsdp": fsdp, "expert": expert, "tensor": tensor}
     for name, size in sizes.items():
         if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
             raise ValueError(f"mesh.{name}={size!r}: must be a positive int or -1 (the devices left)")
@@ -66,21 +70,22 @@ def mesh_shape(data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int 
                              f"({', '.join(f'{k}={v}' for k, v in sizes.items() if v != -1)}, product {fixed})")
         sizes[free[0]] = n // fixed
     if math.prod(sizes.values()) != n:
-        raise ValueError(f"mesh: data*fsdp*tensor = {sizes['data']}*{sizes['fsdp']}*{sizes['tensor']} = "
+        raise ValueError(f"mesh: {'*'.join(MESH_AXES)} = {'*'.join(str(sizes[a]) for a in MESH_AXES)} = "
                          f"{math.prod(sizes.values())} but there are {n} devices; use -1 for one axis")
-    return sizes["data"], sizes["fsdp"], sizes["tensor"]
+    return tuple(sizes[a] for a in MESH_AXES)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
-    """A ("data", "fsdp", "tensor") mesh over `devices` (default: all, every host's).
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None, *, expert: int = 1) -> Mesh:
+    """A ("data", "fsdp", "expert", "tensor") mesh over `devices` (default: all, every host's).
 
     tensor is the innermost (fastest-varying) axis, so tensor-parallel groups sit on neighbouring
-    devices (the same host / ICI ring) and data-parallel groups span hosts.
+    devices (the same host / ICI ring), expert groups next to them (their tokens' all-gather and
+    reduce-scatter every sparse layer), and data-parallel groups span hosts.
     """
     devices = jax.devices() if devices is None else list(devices)
-    shape = mesh_shape(data, fsdp, tensor, num_devices=len(devices))
+    shape = mesh_shape(data, fsdp, tensor, num_devices=len(devices), expert=expert)
     # Auto axes: shardings come from in/out_shardings and propagate through unannotated model code.
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def _axis_size(mesh: Mesh, entry) -> int:
@@ -203,14 +208,14 @@ def opt_state_shardings(mesh: Mesh, opt_state, params):
 
 
 def batch_sharding(mesh: Mesh, row_axis: int = 0) -> NamedSharding:
-    """Rows (axis `row_axis`) over ("data", "fsdp"); other axes whole. row_axis=1 for UpdateBatch
+    """Rows (axis `row_axis`) over BATCH_AXES; other axes whole. row_axis=1 for UpdateBatch
     arrays, which are [A micro-batches, M rows, ...]."""
     return NamedSharding(mesh, P(*([None] * row_axis), BATCH_AXES))
 
 
 def batch_size_multiple(mesh: Mesh) -> int:
-    """Rows of every sharded batch must be a multiple of this (data * fsdp)."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    """Rows of every sharded batch must be a multiple of this (data * fsdp * expert)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ def shard_update_fn(update_fn: Callable, mesh: Mesh, params, opt_state, *, row_a
     """`update_fn(params, opt_state, batch[, frozen]) -> (params, opt_state, metrics)` jitted for the mesh.
 
     In: params and opt_state in their training shardings (donated: updated in place), every batch
-    array with its rows (axis `row_axis`) over ("data", "fsdp"), and `frozen` (LoRA's base params,
+    array with its rows (axis `row_axis`) over BATCH_AXES, and `frozen` (LoRA's base params,
     read only; None: the update takes three arguments) in its training shardings. Out: the same
     shardings, metrics replicated, so every host can read them. `update_fn` may be plain Python or
     already jitted (train.make_update_fn); the outer shardings win either way, and so do the outer
@@ -363,7 +368,7 @@ def host_slice(num_items: int, mesh: Mesh | None = None) -> slice:
         return slice(idx * per, (idx + 1) * per)
     multiple = batch_size_multiple(mesh)
     if num_items % multiple:
-        raise ValueError(f"host_slice: {num_items} rows must be a multiple of data*fsdp = {multiple}")
+        raise ValueError(f"host_slice: {num_items} rows must be a multiple of data*fsdp*expert = {multiple}")
     index_map = batch_sharding(mesh).addressable_devices_indices_map((num_items,))
     starts = sorted({(ix[0].start or 0, ix[0].stop if ix[0].stop is not None else num_items)
                      for ix in index_map.values()})

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-_ROW_AXES = ("data", "fsdp")  # as grpo_jax.model.kernels (the model does not import the trainer)
+from grpo_jax.model import kernels
 
 
 def cudnn_supports(dtype, head_dim: int) -> bool:
@@ -137,10 +137,10 @@ def splash_attention(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL, *, window: 
         interpret = jax.default_backend() != "tpu"
     local = functools.partial(_splash_local, window=window, interpret=interpret, softcap=softcap)
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(_ROW_AXES) <= set(mesh.axis_names):
+    axes = kernels.row_axes(mesh)
+    if not axes:
         return local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, key_valid_BxL)
-    rows = math.prod(mesh.shape[a] for a in _ROW_AXES)
-    row_spec = _ROW_AXES if q_BxLxNxH.shape[0] % rows == 0 else None
+    row_spec = axes if q_BxLxNxH.shape[0] % kernels.row_devices(mesh) == 0 else None
     tensor = mesh.shape.get("tensor", 1)
     head_spec = "tensor" if "tensor" in mesh.axis_names and k_BxLxKxH.shape[2] % tensor == 0 else None
     heads = P(row_spec, None, head_spec, None)

@@ -4,6 +4,8 @@ VJPs lay out the backward pass for XLA's CPU backend (each docstring says what a
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -31,11 +33,22 @@ def gelu_tanh_glu(gate_up_BxTx2F: jax.Array) -> jax.Array:
 
 # The mesh axes that split batch rows (grpo_jax.distributed.sharding.BATCH_AXES; repeated here so the model
 # does not import the trainer's sharding module).
-_ROW_AXES = ("data", "fsdp")
+ROW_AXES = ("data", "fsdp", "expert")
+
+
+def row_axes(mesh) -> tuple[str, ...]:
+    """The batch axes of `mesh` (ROW_AXES that it has; () for no mesh): every model-side shard_map
+    and constraint splits rows over these."""
+    return () if mesh.empty else tuple(a for a in ROW_AXES if a in mesh.axis_names)
+
+
+def row_devices(mesh) -> int:
+    """Devices the rows split over (1 for no mesh)."""
+    return math.prod(mesh.shape[a] for a in row_axes(mesh))
 
 
 def constrain_rows(x: jax.Array) -> jax.Array:
-    """`x` with its leading (row) axis split over the mesh's ("data", "fsdp") axes (the rest as XLA
+    """`x` with its leading (row) axis split over the mesh's batch axes (`row_axes`) (the rest as XLA
     chooses, which can then no longer split them over fsdp).
 
     Only under a mesh set with `jax.set_mesh` (the trainer's jitted calls); a no-op otherwise or
@@ -45,12 +58,11 @@ def constrain_rows(x: jax.Array) -> jax.Array:
     GiB per device instead of a share of the rows (`python -m grpo_jax check` shows it).
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(_ROW_AXES) <= set(mesh.axis_names):
-        return x
-    if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
+    axes = row_axes(mesh)
+    if not axes or x.shape[0] % row_devices(mesh):
         return x
     # The other axes unconstrained: a tensor-parallel dimension (heads, MLP width) stays split.
-    return jax.lax.with_sharding_constraint(x, P(_ROW_AXES, *([P.UNCONSTRAINED] * (x.ndim - 1))))
+    return jax.lax.with_sharding_constraint(x, P(axes, *([P.UNCONSTRAINED] * (x.ndim - 1))))
 
 
 def dense(x_BxTxD: jax.Array, w_DxF: jax.Array) -> jax.Array:

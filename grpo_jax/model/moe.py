@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from grpo_jax.model import expert_dispatch
 from grpo_jax.model.config import DTYPES, ModelConfig
 from grpo_jax.model.grouped_matmul import grouped_matmul
 from grpo_jax.model.partitioning import SHARDING
@@ -70,20 +71,27 @@ def top_k_experts(probs_NxE: jax.Array, k: int) -> jax.Array:
     return jax.lax.top_k(probs_NxE, k)[1].astype(jnp.int32)
 
 
-def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIxD, impl: str = "auto") -> jax.Array:
+def experts_ffn(x_NxD, experts_NxK, weights_NxK, gate_ExDxI, up_ExDxI, down_ExIxD, impl: str = "auto",
+                first_expert=0) -> jax.Array:
     """sum_k weights[n, k] * SwiGLU expert experts[n, k] applied to x[n]: [N, D] in x's dtype.
 
     The M = N*K (token, choice) pairs are sorted by expert (stable, so ties keep token order);
     each matmul is one grouped matmul whose group e is expert e's run of rows
     (`grouped_matmul`, `impl`: jax.lax.ragged_dot or its tiled form). Every intermediate this code
     makes is [M, D] or [M, I]: K times a dense MLP of width I, never E times.
+
+    Expert parallelism (`grpo_jax.model.expert_dispatch`): the weights given may be a slice of the
+    experts, E_local of them starting at expert `first_expert` (an int or a traced scalar). Pairs
+    routed to other experts sort after every local group, fall in no group, and add nothing: the
+    result is then this slice's share of the sum.
     """
     n, k = experts_NxK.shape
-    num_experts = gate_ExDxI.shape[0]
+    num_local = gate_ExDxI.shape[0]
     dt = x_NxD.dtype
-    flat_M = experts_NxK.reshape(-1)
-    order_M = jnp.argsort(flat_M, stable=True)  # pair order_M[j] is the j-th row of the sorted run
-    sizes_E = jnp.bincount(flat_M, length=num_experts).astype(jnp.int32)
+    local_M = experts_NxK.reshape(-1) - first_expert
+    key_M = jnp.where((local_M >= 0) & (local_M < num_local), local_M, num_local)  # other experts last
+    order_M = jnp.argsort(key_M, stable=True)  # pair order_M[j] is the j-th row of the sorted run
+    sizes_E = jnp.bincount(key_M, length=num_local).astype(jnp.int32)  # (drops the key num_local)
     x_MxD = x_NxD[order_M // k]
     gate = grouped_matmul(x_MxD, gate_ExDxI.astype(dt), sizes_E, impl)
     up = grouped_matmul(x_MxD, up_ExDxI.astype(dt), sizes_E, impl)
@@ -133,8 +141,13 @@ class SparseMoe(nnx.Module):
         weights_NxK = choice_weights(probs_NxE, experts_NxK, c.norm_topk_prob).astype(x_NxD.dtype)
         if self.record:
             self.recorded = RoutingRecord((logits_NxE.reshape(b, t, -1), experts_NxK.reshape(b, t, -1)))
-        out_NxD = experts_ffn(x_NxD, experts_NxK, weights_NxK, self.expert_gate[...], self.expert_up[...],
-                              self.expert_down[...], c.moe_impl)
+        weights = (self.expert_gate[...], self.expert_up[...], self.expert_down[...])
+        mesh = jax.sharding.get_abstract_mesh()
+        if expert_dispatch.expert_devices(mesh) > 1:  # experts split over devices: tokens travel to them
+            out_NxD = expert_dispatch.experts_ffn_over_mesh(mesh, experts_ffn, x_NxD, experts_NxK, weights_NxK,
+                                                            *weights, impl=c.moe_impl)
+        else:
+            out_NxD = experts_ffn(x_NxD, experts_NxK, weights_NxK, *weights, c.moe_impl)
         return out_NxD.reshape(b, t, d)
 
 

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-# One table: weight name -> PartitionSpec over mesh axes ("data", "fsdp", "tensor").
+# One table: weight name -> PartitionSpec over mesh axes ("data", "fsdp", "expert", "tensor").
 # "data" never shards weights (it splits the batch); "fsdp" shards the hidden dimension D of
-# every matrix; "tensor" shards heads, the MLP width and the vocabulary (Megatron style).
+# every matrix; "expert" shards a MoE layer's experts E (and splits the batch elsewhere);
+# "tensor" shards heads, the MLP width and the vocabulary (Megatron style).
 SHARDING: dict[str, tuple[str | None, ...]] = {
     "embed": ("tensor", "fsdp"),            # [V, D]
     "attn_norm": (None,),                   # [D]
@@ -27,15 +28,13 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
     "gate_proj": ("fsdp", "tensor"),        # [D, F]
     "up_proj": ("fsdp", "tensor"),          # [D, F]
     "down_proj": ("tensor", "fsdp"),        # [F, D]
-    # Experts (grpo_jax.model.moe): E split over "tensor" (expert parallelism on the axis that splits
-    # the dense MLP's width), D over fsdp as every matrix's. The router is small and stays whole on
-    # E. A separate "expert" mesh axis would let experts split over devices that hold whole heads
-    # and batch rows (EP x TP), and pair with an all-to-all token dispatch (shard_map) instead of
-    # the gathers GSPMD inserts around the grouped matmul; not done here.
+    # Experts (grpo_jax.model.moe): E over "expert" (expert parallelism; tokens travel to their
+    # experts, grpo_jax.model.expert_dispatch), each expert's width I over "tensor" as the dense MLP's
+    # F, D over fsdp as every matrix's. The router is small and stays whole on E.
     "router": ("fsdp", None),               # [D, E]
-    "expert_gate": ("tensor", "fsdp", None),  # [E, D, I]
-    "expert_up": ("tensor", "fsdp", None),    # [E, D, I]
-    "expert_down": ("tensor", None, "fsdp"),  # [E, I, D]
+    "expert_gate": ("expert", "fsdp", "tensor"),  # [E, D, I]
+    "expert_up": ("expert", "fsdp", "tensor"),    # [E, D, I]
+    "expert_down": ("expert", "tensor", "fsdp"),  # [E, I, D]
     "final_norm": (None,),                  # [D]
     "lm_head": ("fsdp", "tensor"),          # [D, V]
 }

@@ -262,7 +262,7 @@ def programs(graphdef, *, copies: int, devices: int, rows_per_device: int, slots
 
 
 def state_shardings(mesh, num_layers: int, num_kv_heads: int) -> tuple[SlotState, PromptStore]:
-    """(slots, prompt store)'s layout on `mesh`: rows and slots over ("data", "fsdp"), the caches
+    """(slots, prompt store)'s layout on `mesh`: rows and slots over the batch axes ("data", "fsdp", "expert"), the caches
     as `ops.cache_sharding`, the iteration count whole."""
     rows, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     heads = cache_sharding(mesh, num_kv_heads)

@@ -115,6 +115,6 @@ def force_lengths(logits_SxV, step_S, length_S, eos_id: int, stop_ids: tuple[int
 
 def cache_sharding(mesh, num_kv_heads: int) -> NamedSharding:
     """A KV cache's layout on `mesh` (keys [B, K, H, S] and values [B, K, S, H] alike): rows over
-    ("data", "fsdp"), kv heads over "tensor" as in k_proj / v_proj."""
+    the batch axes ("data", "fsdp", "expert"), kv heads over "tensor" as in k_proj / v_proj."""
     row_devices = sharding.batch_size_multiple(mesh)
     return NamedSharding(mesh, sharding.fit_spec(P(sharding.BATCH_AXES, "tensor"), (row_devices, num_kv_heads), mesh))

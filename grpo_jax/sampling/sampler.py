@@ -10,7 +10,7 @@ Flow for N prompts x G samples (B = N * G rows; row r is prompt r // G, sample r
 prompts to the smallest bucket P >= longest prompt (host), prefill each prompt once per device that
 holds its rows, decode, return a `SampleOutput`.
 
-On a mesh (one process or many, the same path), rows are split over ("data", "fsdp") from prefill
+On a mesh (one process or many, the same path), rows are split over the batch axes ("data", "fsdp", "expert") from prefill
 to the outputs: each device prefills M / (data * fsdp) rows, M = lcm(N, data * fsdp) (each prompt
 copied M / N times, so a device's prompts are exactly those of its rows), repeats them locally to
 its B / (data * fsdp) rows and decodes only those. The weights are moved once per call into the
@@ -137,7 +137,7 @@ class Sampler:
         self.eos_id = self.eos_ids[0]
         self.pad_id = pad_id
         self.prompt_buckets = tuple(sorted(prompt_buckets))
-        # With a mesh, rows go over ("data", "fsdp") and the SampleOutput arrays are global arrays
+        # With a mesh, rows go over the batch axes ("data", "fsdp", "expert") and the SampleOutput arrays are global arrays
         # sharded that way. One process passes all the prompts; several each pass their host slice
         # (`sharding.host_slice`) and read their rows back with `sharding.process_rows`. Without a
         # mesh, jit lays things out from the params' shardings (one device: plain arrays).
@@ -208,7 +208,7 @@ class Sampler:
 
     def _jit_pair(self, prefill_fn, decode_fn, state_shardings, donate, forced: bool):
         """(prefill, decode) jitted: with a mesh, explicit layouts, so each device's programs take
-        its own rows: params in the decode layout, rows over ("data", "fsdp") in and out, the key
+        its own rows: params in the decode layout, rows over the batch axes ("data", "fsdp", "expert") in and out, the key
         and row offset whole."""
         options = _decode_compiler_options()
         if self.mesh is None:
@@ -267,7 +267,7 @@ class Sampler:
                                  f"got shape {forced_lengths.shape}")
             forced_parts = np.split(forced_lengths, parts)
         for i, part in enumerate(zip(np.split(tokens, parts), np.split(mask, parts))):
-            if self.mesh is not None:  # global arrays, rows over ("data", "fsdp")
+            if self.mesh is not None:  # global arrays, rows over the batch axes ("data", "fsdp", "expert")
                 part = sharding.global_batch(self.mesh, part, n)
             extra = ()
             if forced_lengths is not None:

@@ -191,7 +191,7 @@ def programs(graphdef, *, prompt_len: int, copies: int, sampling: SamplingConfig
 
 
 def state_shardings(mesh, num_layers: int, num_kv_heads: int, record_experts: bool = False) -> DecodeState:
-    """`DecodeState`'s layout on `mesh`: rows over ("data", "fsdp"), the caches as `cache_sharding`."""
+    """`DecodeState`'s layout on `mesh`: rows over the batch axes ("data", "fsdp", "expert"), the caches as `cache_sharding`."""
     rows, whole = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     heads = cache_sharding(mesh, num_kv_heads)
     return DecodeState(caches=[KVCache(heads, heads) for _ in range(num_layers)],

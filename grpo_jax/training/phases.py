@@ -319,7 +319,7 @@ def turn_advantages(batch: StepBatch, group_size: int, eps: float) -> np.ndarray
 
 
 def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, completion_mask: np.ndarray) -> dict:
-    """The batch as global arrays with rows over ("data", "fsdp"): each device receives its rows;
+    """The batch as global arrays with rows over the batch axes ("data", "fsdp", "expert"): each device receives its rows;
     and "completion_lengths", host ints [B] (the columns the loss reads per row), which length
     bucketing plans from without a device round trip (every process holds every row)."""
     a = batch.arrays

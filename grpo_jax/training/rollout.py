@@ -49,7 +49,7 @@ def prompt_text(prompt) -> str:
 class PendingRollout:
     """A sampler call dispatched to the devices, not yet read (JAX runs it asynchronously)."""
 
-    sample: SampleOutput  # global arrays, rows over ("data", "fsdp")
+    sample: SampleOutput  # global arrays, rows over the batch axes ("data", "fsdp", "expert")
     examples: list[dict]  # this process's prompts' examples, in row order
     num_samples: int
     dispatched_at: float  # time.perf_counter() when the sampler was called

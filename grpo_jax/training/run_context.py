@@ -317,18 +317,17 @@ def split_devices(config: config_lib.Config, devices: list | None = None) -> tup
 
 
 def configured_mesh(config: config_lib.Config, devices: list | None = None):
-    """The (data, fsdp, tensor) mesh over the trainer's devices (every device of `devices`, default
+    """The (data, fsdp, expert, tensor) mesh over the trainer's devices (every device of `devices`, default
     all, unless `off_policy.rollout_devices`); a size that does not fit is a ConfigError."""
     m = config.mesh
     devices, _ = split_devices(config, devices)
     try:
-        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices, expert=m.expert)
     except ValueError as e:
         where = " left for training by off_policy.rollout_devices" if config.off_policy.rollout_devices else ""
         raise config_lib.ConfigError(f"{e} ({len(devices)} {jax.default_backend()} devices{where})") from None
-    log.info("backend %s, %d device(s) on %d process(es) (%s); mesh data=%d fsdp=%d tensor=%d",
-             jax.default_backend(), jax.device_count(), jax.process_count(), jax.devices()[0].device_kind,
-             mesh.shape["data"], mesh.shape["fsdp"], mesh.shape["tensor"])
+    log.info("backend %s, %d device(s) on %d process(es) (%s); mesh %s", jax.default_backend(), jax.device_count(),
+             jax.process_count(), jax.devices()[0].device_kind, " ".join(f"{a}={n}" for a, n in mesh.shape.items()))
     return mesh
 
 
@@ -385,6 +384,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     mesh = configured_mesh(config)
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
+    config.mesh.check_model(model_config.num_experts)
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh, params)
     teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
     # What trains: every weight, or adapters over a frozen base (grpo_jax.training.policy).

@@ -121,7 +121,7 @@ def warm_up(
 ):
     """Runs up to `sft.steps` AdamW steps of answer-token cross-entropy; returns (params, stats).
 
-    With `mesh`, each batch's rows are split over ("data", "fsdp") like the GRPO update's (a batch
+    With `mesh`, each batch's rows are split over the batch axes ("data", "fsdp", "expert") like the GRPO update's (a batch
     that does not divide is replicated on one process). Several processes (`processes`) draw the
     same batches and each feeds its devices' rows. `should_stop()` true on any process (SIGTERM,
     Ctrl-C) ends the warm-up after the current step on all of them; the stats then say "stopped"."""

@@ -245,7 +245,7 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
                         compiler_options: dict | None = None,
                         off_policy: config_lib.OffPolicySection = config_lib.OffPolicySection()) -> ChunkedUpdate:
     """`ChunkedUpdate` for the mesh: params, gradients and optimizer state in their training
-    layout, each micro-batch's rows over ("data", "fsdp"), scalars replicated. With
+    layout, each micro-batch's rows over the batch axes ("data", "fsdp", "expert"), scalars replicated. With
     `model_params_fn` (as `make_update_fn`'s), `accumulate` takes the frozen tree (`frozen`, for
     its layout) last."""
     if grpo.use_adaptive_entropy:
@@ -292,7 +292,7 @@ def make_logprob_fn(
 
     params are upcast to `compute_dtype` (a bf16 reference computes in float32). With `mesh` (and
     `params`, any tree with the policy's structure, for its shardings), the rows of tokens,
-    attention and the output are split over ("data", "fsdp") and the weights take their training
+    attention and the output are split over the batch axes ("data", "fsdp", "expert") and the weights take their training
     layout, so each device computes B / (data * fsdp) rows. group_size > 1: rows are whole groups
     sharing a prompt, each prompt run once. row_chunks > 1: the rows run as that many chunks one
     after the other (`lax.map`), so activations and logits are one chunk's, as in the update's
@@ -394,6 +394,6 @@ def _minibatch_fn(mesh, num_micro: int):
 
 def minibatch(full: UpdateBatch, row_index: np.ndarray, num_micro: int, mesh) -> UpdateBatch:
     """The rows `row_index` of a step's batch (global arrays [B, ...]) as an UpdateBatch
-    [A, M, ...], each micro-batch's rows split over ("data", "fsdp"). A gather on the devices, so
+    [A, M, ...], each micro-batch's rows split over the batch axes ("data", "fsdp", "expert"). A gather on the devices, so
     one process and many run the same code (`row_index`: host ints, the same on every process)."""
     return _minibatch_fn(mesh, num_micro)(full, np.asarray(row_index, np.int32))

@@ -128,7 +128,7 @@ def load(config: config_lib.Config, tokenizer, mesh, student_vocab: int) -> Teac
 
 
 def make_pass_fn(graphdef, temperature: float, top_k: int, *, mesh, params, vocab: int):
-    """The teacher's jitted pass over a step's rows (rows over ("data", "fsdp"), weights in their
+    """The teacher's jitted pass over a step's rows (rows over the batch axes ("data", "fsdp", "expert"), weights in their
     training layout, computed in float32): `step.make_logprob_fn`'s for top_k = 0, else
     `top_k_logprobs`. Returns `f(params, tokens, attention, num_targets)`."""
     if top_k == 0:
