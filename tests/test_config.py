@@ -287,3 +287,14 @@ def test_eval_asks_only_for_the_device_split_and_the_mesh():
     assert config_lib.validate_for_devices(cfg, 3, batch=False) == (3, 1, 1, 1)
     with pytest.raises(ConfigError, match="mesh: data"):
         config_lib.validate_for_devices(apply_overrides(cfg, ["mesh.data=2"]), 3, batch=False)
+
+
+def test_an_expert_axis_needs_experts_that_split_over_it():
+    # mesh.expert splits a mixture-of-experts model's experts; a dense model has none to split, and
+    # 8 experts do not split over 3 devices. Checked once the model's shape is known (train, check).
+    mesh = apply_overrides(Config(), ["mesh.expert=2"]).mesh
+    mesh.check_model(num_experts=8)  # 4 experts per device
+    with pytest.raises(ConfigError, match="mesh.expert=2 splits a mixture-of-experts model's experts; this model is dense"):
+        mesh.check_model(num_experts=0)
+    with pytest.raises(ConfigError, match="mesh.expert=3 must divide the model's num_experts=8"):
+        apply_overrides(Config(), ["mesh.expert=3"]).mesh.check_model(num_experts=8)

@@ -291,6 +291,7 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
     from grpo_jax.training import run_context
 
     model_config, source, stop_ids, pad_id = resolve_shape(config, model_shape)
+    config.mesh.check_model(model_config.num_experts)
     if model_config.num_layers > _MANY_LAYERS:  # not silent for minutes: say what is slow and why
         logging.getLogger("grpo_jax").warning(
             "check: %d layers (from %s): the abstract build takes ~0.07 s a layer on a CPU, and compiling the "
