@@ -53,7 +53,7 @@ def _assert_layout(programs: dict, mesh: str, workload: str):
     # M / (data*fsdp) per device: 8 prompts over 8 -> 1, over 4 -> 2; 4 prompts over 8 -> 1.
     m = math.lcm(NUM_PROMPTS[workload], d)
     assert programs["prefill_tokens"][0] == programs["prefill_mask"][0] == m // d
-    assert programs["prefill_token_specs"] == ["P(('data', 'fsdp'),)"] * 2
+    assert programs["prefill_token_specs"] == ["P(('data', 'fsdp', 'expert'),)"] * 2
     # Decode: every row-carrying piece of the state, 16 rows / (data*fsdp) per device.
     assert set(programs["decode_rows"].values()) == {ROWS // d}, programs["decode_rows"]
     # The cache [B, K, H, S]: rows split, kv heads over tensor where K=2 divides.
