@@ -410,6 +410,155 @@ def test_lora_all_linear_adapts_attention_and_the_dense_layer_not_the_experts():
     np.testing.assert_array_equal(merged["layers"][0]["mlp"]["expert_gate"], params["layers"][0]["mlp"]["expert_gate"])
 
 
+# ---------------------------------------------------------------- LoRA on the experts
+
+def test_expert_adapters_merge_per_expert_worked_example():
+    # Two experts, each a [in 2, out 1] matrix of zeros; rank 1, alpha / r = 2.
+    # Expert 0: A = [[1], [0]], B = [[3]] -> W'[0] = 2 * [[3], [0]] = [[6], [0]].
+    # Expert 1: A = [[0], [1]], B = [[5]] -> W'[1] = 2 * [[0], [5]] = [[0], [10]].
+    # One shared A @ B (E folded into the input) would mix the experts; per-expert products do not.
+    from grpo_jax.model import lora
+
+    base = {"layers": {0: {"mlp": {"expert_up": jnp.zeros((2, 2, 1))}}}}
+    adapters = {"layers": {"0": {"mlp": {"expert_up": {"lora_a": jnp.asarray([[[1.0], [0.0]], [[0.0], [1.0]]]),
+                                                       "lora_b": jnp.asarray([[[3.0]], [[5.0]]])}}}}}
+    merged = lora.merge(base, adapters, scale=2.0)["layers"][0]["mlp"]["expert_up"]
+    np.testing.assert_array_equal(merged, [[[6.0], [0.0]], [[0.0], [10.0]]])
+
+
+def test_expert_targets_are_named_and_their_adapters_are_per_expert():
+    from grpo_jax.model import lora
+
+    assert lora.resolve_targets(["experts"]) == ("expert_gate", "expert_up", "expert_down")
+    assert lora.resolve_targets(["attention", "expert_down", "router"]) == (
+        "q_proj", "k_proj", "v_proj", "o_proj", "expert_down", "router")
+    params = _params(init_model(TINY, 0))  # E 4, D 16, I 12; layer 1 dense
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(0))
+    mlp = adapters["layers"]["0"]["mlp"]
+    assert mlp["expert_gate"]["lora_a"].shape == (4, 16, 2) and mlp["expert_gate"]["lora_b"].shape == (4, 2, 12)
+    assert mlp["expert_down"]["lora_a"].shape == (4, 12, 2) and mlp["expert_down"]["lora_b"].shape == (4, 2, 16)
+    assert sorted(adapters["layers"]) == ["0", "2"] and "router" not in mlp  # the dense layer 1 has no experts
+    # Kaiming bound 1 / sqrt(one expert's fan-in), not of E * fan-in.
+    assert float(jnp.abs(mlp["expert_down"]["lora_a"]).max()) <= 1 / math.sqrt(12)
+    # Shardings follow the weight's: E on "tensor" as the weight's E, A's input and B's output as its.
+    specs = partition_specs(adapters)["layers"]["0"]["mlp"]
+    assert tuple(specs["expert_gate"]["lora_a"]) == ("tensor", "fsdp", None)
+    assert tuple(specs["expert_gate"]["lora_b"]) == ("tensor", None, None)
+    assert tuple(specs["expert_down"]["lora_a"]) == ("tensor", None, None)
+    assert tuple(specs["expert_down"]["lora_b"]) == ("tensor", None, "fsdp")
+
+
+def test_attention_targets_make_no_expert_adapter():
+    from grpo_jax.model import lora
+
+    adapters = lora.init_adapters(_params(init_model(TINY, 0)), lora.resolve_targets(["attention"]), 2,
+                                  jax.random.key(0))
+    assert all(sorted(layer) == ["attn"] for layer in adapters["layers"].values())
+
+
+def test_expert_adapters_with_zero_b_give_the_base_logits_bit_for_bit():
+    from grpo_jax.model import lora
+
+    graphdef, params = nnx.split(init_model(TINY, 0), nnx.Param)
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts", "all-linear"]), 2, jax.random.key(1))
+    assert float(jnp.abs(adapters["layers"]["0"]["mlp"]["expert_up"]["lora_a"]).min()) > 0
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 7)), jnp.int32)
+    base_logits, base_routing = _routing(graphdef, params, tokens)
+    logits, routing = _routing(graphdef, lora.merge(params, adapters, 16.0), tokens)
+    np.testing.assert_array_equal(logits, base_logits)
+    jax.tree.map(np.testing.assert_array_equal, routing, base_routing)
+
+
+def test_expert_adapters_merge_to_w_plus_scale_a_b_for_every_expert():
+    from grpo_jax.model import lora
+
+    params = _params(init_model(TINY, 0))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(1))
+    rng = np.random.default_rng(2)
+    adapters = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.asarray(rng.normal(size=x.shape), jnp.float32) if path[-1].key == "lora_b" else x,
+        adapters)
+    merged = lora.merge(params, adapters, 4.0)
+    for layer in (0, 2):
+        for name in ("expert_gate", "expert_up", "expert_down"):
+            w = np.asarray(params["layers"][layer]["mlp"][name], np.float64)
+            pair = adapters["layers"][str(layer)]["mlp"][name]
+            a, b = np.asarray(pair["lora_a"], np.float64), np.asarray(pair["lora_b"], np.float64)
+            for e in range(4):
+                # float32 W + 4 * (A @ B) with r = 2: two rounded products, one sum, one scale, one add
+                # (each <= u = 6e-8 relative) against float64: <= 5u * (|W| + 4 |A| |B|) ~ 3e-7 * 10.
+                np.testing.assert_allclose(merged["layers"][layer]["mlp"][name][e], w[e] + 4.0 * a[e] @ b[e],
+                                           rtol=1e-6, atol=3e-6)
+    np.testing.assert_array_equal(merged["layers"][0]["mlp"]["router"], params["layers"][0]["mlp"]["router"])
+    np.testing.assert_array_equal(merged["layers"][1]["mlp"]["up_proj"], params["layers"][1]["mlp"]["up_proj"])
+
+
+def test_a_gradient_step_on_expert_adapters_changes_only_the_experts():
+    # The policy is merge(base, adapters): a step on the adapters moves the targeted expert
+    # weights and leaves the base, the router, the attention and the dense layer bit-equal.
+    from grpo_jax.model import lora
+
+    graphdef, params = nnx.split(init_model(TINY, 0), nnx.Param)
+    spec = lora.LoraSpec(rank=2, scale=2.0, targets=lora.resolve_targets(["experts"]))
+    adapters = lora.init_adapters(params, spec.targets, spec.rank, jax.random.key(1))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 7)), jnp.int32)
+    mask = jnp.ones_like(tokens)
+
+    def loss(adapters, base):
+        return _lm_loss(spec.model_params(adapters, base), graphdef, tokens, mask, 0.001)[0]
+
+    base_before = jax.tree.map(np.array, params)
+    value, grads = jax.jit(jax.value_and_grad(loss))(adapters, params)
+    # B = 0 at the start: dL/dA = scale * dL/dW @ B^T = 0, dL/dB = scale * A^T @ dL/dW != 0.
+    assert float(jnp.abs(grads["layers"]["0"]["mlp"]["expert_up"]["lora_a"]).max()) == 0
+    assert float(jnp.abs(grads["layers"]["0"]["mlp"]["expert_up"]["lora_b"]).max()) > 0
+    stepped = jax.tree.map(lambda a, g: a - 0.5 * g, adapters, grads)
+    jax.tree.map(np.testing.assert_array_equal, params, base_before)
+    before, after = nnx.to_pure_dict(params), nnx.to_pure_dict(spec.model_params(stepped, params))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(after)[0]:
+        name = path[-1].key
+        same = np.array_equal(leaf, _at(before, path))
+        assert same == (name not in ("expert_gate", "expert_up", "expert_down")), jax.tree_util.keystr(path)
+    assert float(loss(stepped, params)) < float(value)
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[k.key]
+    return tree
+
+
+def test_peft_export_names_attention_and_dense_adapters_and_refuses_expert_ones(tmp_path):
+    from grpo_jax.io import peft
+    from grpo_jax.model import lora
+
+    params = _params(init_model(TINY, 0))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["all-linear"]), 2, jax.random.key(0))
+    names = peft.peft_state_dict(adapters)
+    assert len(names) == 2 * (3 * 4 + 3)  # A and B of q/k/v/o in 3 layers, gate/up/down in dense layer 1
+    assert names["base_model.model.model.layers.1.mlp.gate_proj.lora_A.weight"].shape == (2, 16)  # [r, D]
+    assert names["base_model.model.model.layers.2.self_attn.o_proj.lora_B.weight"].shape == (16, 2)  # [D, r]
+    spec = lora.LoraSpec(rank=2, scale=1.0, targets=lora.resolve_targets(["attention", "experts"]))
+    adapters = lora.init_adapters(params, spec.targets, 2, jax.random.key(0))
+    out = tmp_path / "peft"
+    with pytest.raises(ValueError, match=r"\['expert_down', 'expert_gate', 'expert_up'\].*export the merged weights"):
+        peft.save_peft(adapters, out, spec=spec, alpha=2.0, base_model=None)
+    assert not out.exists()  # refused before any file
+
+
+def test_config_refuses_expert_adapters_where_a_peft_directory_would_be_written(tmp_path):
+    from grpo_jax.config import Config, ConfigError, LoraSection, SamplingSection, TrainSection
+
+    lora_cfg = LoraSection(r=4, target_modules=("attention", "experts"))
+    with pytest.raises(ConfigError, match=r"adapts \['expert_gate', 'expert_up', 'expert_down'\].*"
+                                          "train.export_peft=false"):
+        Config(lora=lora_cfg, train=TrainSection(export_hf=True))
+    with pytest.raises(ConfigError, match="sampling.engine=vllm"):
+        Config(lora=lora_cfg, sampling=SamplingSection(engine="vllm"))
+    Config(lora=lora_cfg, train=TrainSection(export_hf=True, export_peft=False))  # the merged weights only
+    Config(lora=LoraSection(r=4, target_modules=("all-linear",)), train=TrainSection(export_hf=True))
+
+
 def test_bfloat16_load_and_save_round_trip(tmp_path):
     model = hf.load_model(FIXTURE, dtype="bfloat16")
     assert model.layers[0].mlp.expert_gate[...].dtype == jnp.bfloat16
