@@ -205,6 +205,92 @@ def test_fresh_gemma_model_starts_with_unit_norm_scales():
         np.testing.assert_array_equal(norm, 0.0)
 
 
+# ---------------------------------------------------------------- chat template and stop ids
+
+def _gemma_tokenizer(tmp_path):
+    from gemma3_fixtures import write_gemma3_tokenizer
+    from grpo_jax.io.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(write_gemma3_tokenizer(tmp_path / "gemma_tok")))
+
+
+def test_chat_prompt_renders_as_gemma3s_template(tmp_path):
+    # The system message is folded into the first user turn (then a blank line), the assistant is
+    # "model", contents are trimmed, the bos comes from the template (and only once in the ids).
+    tok = _gemma_tokenizer(tmp_path)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " What is 1+1? "},
+            {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 2+3?"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nWhat is 1+1?<end_of_turn>\n"
+        "<start_of_turn>model\n2<end_of_turn>\n"
+        "<start_of_turn>user\nAnd 2+3?<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    ids = tok.apply_chat_template(chat)
+    assert ids[:2] == [2, 105] and ids.count(2) == 1 and ids.count(106) == 3
+    assert ids[-7:] == [105, *tok.encode("model"), 107]  # "\n" is one id, 107, as in Gemma's vocabulary
+    assert tok.encode_prompt(tok.apply_chat_template(chat, tokenize=False)) == ids  # no second bos
+    with pytest.raises(ValueError, match="must alternate"):
+        tok.apply_chat_template([{"role": "assistant", "content": "hi"}])
+
+
+def test_stop_ids_are_eos_and_end_of_turn(tmp_path):
+    # Gemma 3's generation_config.json says eos_token_id [1, 106]: <eos> and <end_of_turn>; a
+    # checkpoint without that file falls back to config.json's (the published 1B has [1, 106]).
+    tok = _gemma_tokenizer(tmp_path)
+    assert (tok.eos_id, tok.eos_ids, tok.bos_id, tok.pad_id) == (1, (1, 106), 2, 0)
+    directory = tmp_path / "gemma_tok"
+    (directory / "generation_config.json").unlink()
+    (directory / "config.json").write_text(json.dumps(GEMMA3_1B))
+    from grpo_jax.io.tokenizer import load_tokenizer
+
+    assert load_tokenizer(str(directory)).eos_ids == (1, 106)
+
+
+def _model_that_answers_ok(vocab_size: int):
+    """A fresh Gemma 3 whose next token depends only on the last one (o_proj and down_proj zero, so
+    the residual is the token's embedding) and whose tied embeddings make a chain:
+    "\n" -> "O" -> "K" -> <end_of_turn>. With e1, e2, e3 unit vectors: E["\n"] = e1,
+    E["O"] = 2 e1 + e2, E["K"] = 10 e2 + e3, E[106] = 200 e3, every other row 0; the logits after x
+    are proportional to E[x] . E[v]: after "\n" O 2 > "\n" 1; after O K 10 > O 5 > "\n" 2; after K
+    <end_of_turn> 200 > K 101 > O 10. No soft-cap, so these margins are the argmax's."""
+    config = hf.config_from_hf({**GEMMA3_1B, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                "head_dim": 16, "num_key_value_heads": 1, "vocab_size": vocab_size})
+    graphdef, params = nnx.split(M.init_model(config, 0), nnx.Param)
+    pure = nnx.to_pure_dict(params)
+    for layer in pure["layers"].values():
+        layer["attn"]["o_proj"] = jnp.zeros_like(layer["attn"]["o_proj"])
+        layer["mlp"]["down_proj"] = jnp.zeros_like(layer["mlp"]["down_proj"])
+    from gemma3_fixtures import END_OF_TURN, NEWLINE, gemma3_vocab
+
+    index = {piece: i for i, piece in enumerate(gemma3_vocab())}
+    embed = np.zeros(pure["embed"].shape, np.float32)
+    embed[NEWLINE, 0] = 1.0
+    embed[index["O"], :2] = [2.0, 1.0]
+    embed[index["K"], 1:3] = [10.0, 1.0]
+    embed[END_OF_TURN, 2] = 200.0
+    pure["embed"] = jnp.asarray(embed)
+    nnx.replace_by_pure_dict(params, pure)
+    return graphdef, params, config
+
+
+def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(tmp_path):
+    tok = _gemma_tokenizer(tmp_path)
+    graphdef, params, config = _model_that_answers_ok(tok.vocab_size)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say OK."}])
+    sampler = S.Sampler(graphdef, config, eos_id=tok.eos_ids, pad_id=tok.pad_id)
+    out = sampler(params, [prompt], num_samples=2, rng=jax.random.key(0),
+                  sampling=S.SamplingConfig(max_new_tokens=6, greedy=True))
+    tokens = np.asarray(out.tokens_BxC)
+    o, k = tok.encode("OK")
+    np.testing.assert_array_equal(tokens, [[o, k, 106, 0, 0, 0]] * 2)  # stopped, then padding
+    np.testing.assert_array_equal(np.asarray(out.mask_BxC), [[1, 1, 1, 0, 0, 0]] * 2)
+    assert not np.asarray(out.truncated_B).any()
+    # What the reward reads, decoded as the rollout does (grpo_jax.training.rollout): the stop
+    # token is in the row's length but not in its text.
+    lengths = np.asarray(out.mask_BxC).sum(axis=1)
+    assert [tok.decode(row[:n]) for row, n in zip(tokens, lengths)] == ["OK", "OK"]
+
+
 # ---------------------------------------------------------------- sampler
 
 PROMPTS = [[5, 9, 3], [7, 1, 4, 8, 6]]  # the first left padded; both shorter than prompt + completion
