@@ -15,7 +15,8 @@ matters):
                           GEMMA3_TEMPLATE
   generation_config.json  bos 2, eos_token_id [1, 106] (<eos> and <end_of_turn>), pad 0, as published
 
-Nothing here imports grpo_jax, so tests of its tokenizer can trust these files.
+The tokenizer files are written without grpo_jax, so tests of its tokenizer can trust them.
+`model_that_answers_ok` is a fresh Gemma 3 (grpo_jax's) rigged to answer "OK" then <end_of_turn>.
 """
 
 from __future__ import annotations
@@ -116,3 +117,44 @@ def write_gemma3_tokenizer(path) -> pathlib.Path:
     for name, value in (("tokenizer_config.json", tokenizer_config), ("generation_config.json", generation_config)):
         (path / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+def model_that_answers_ok(vocab_size: int):
+    """(graphdef, params, ModelConfig) of a fresh Gemma 3 whose greedy answer to any prompt ending
+    in "\n" (every generation prompt) is "OK" then <end_of_turn>.
+
+    Its next token depends only on the last one (o_proj and down_proj are zero, so the residual is
+    the token's embedding), and its tied embeddings make a chain "\n" -> "O" -> "K" -> <end_of_turn>.
+    With e1, e2, e3 unit vectors: E["\n"] = e1, E["O"] = 2 e1 + e2, E["K"] = 10 e2 + e3,
+    E[106] = 200 e3, every other row 0; the logits after x are proportional to E[x] . E[v]: after
+    "\n" O 2 > "\n" 1; after O, K 10 > O 5 > "\n" 2; after K, <end_of_turn> 200 > K 101 > O 10. No
+    final soft-cap (Gemma 3's published value), so these margins are the argmax's."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from grpo_jax import model as M
+    from grpo_jax.io import hf
+
+    config = hf.config_from_hf({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab_size,
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 512,
+        "sliding_window_pattern": 6, "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": None,
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06, "final_logit_softcapping": None,
+        "attn_logit_softcapping": None, "max_position_embeddings": 512, "bos_token_id": BOS,
+        "eos_token_id": [EOS, END_OF_TURN], "pad_token_id": PAD, "attention_bias": False})
+    graphdef, params = nnx.split(M.init_model(config, 0), nnx.Param)
+    pure = nnx.to_pure_dict(params)
+    for layer in pure["layers"].values():
+        layer["attn"]["o_proj"] = jnp.zeros_like(layer["attn"]["o_proj"])
+        layer["mlp"]["down_proj"] = jnp.zeros_like(layer["mlp"]["down_proj"])
+    index = {piece: i for i, piece in enumerate(gemma3_vocab())}
+    embed = np.zeros(pure["embed"].shape, np.float32)
+    embed[NEWLINE, 0] = 1.0
+    embed[index["O"], :2] = [2.0, 1.0]
+    embed[index["K"], 1:3] = [10.0, 1.0]
+    embed[END_OF_TURN, 2] = 200.0
+    pure["embed"] = jnp.asarray(embed)
+    nnx.replace_by_pure_dict(params, pure)
+    return graphdef, params, config

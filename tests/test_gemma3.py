@@ -246,36 +246,11 @@ def test_stop_ids_are_eos_and_end_of_turn(tmp_path):
     assert load_tokenizer(str(directory)).eos_ids == (1, 106)
 
 
-def _model_that_answers_ok(vocab_size: int):
-    """A fresh Gemma 3 whose next token depends only on the last one (o_proj and down_proj zero, so
-    the residual is the token's embedding) and whose tied embeddings make a chain:
-    "\n" -> "O" -> "K" -> <end_of_turn>. With e1, e2, e3 unit vectors: E["\n"] = e1,
-    E["O"] = 2 e1 + e2, E["K"] = 10 e2 + e3, E[106] = 200 e3, every other row 0; the logits after x
-    are proportional to E[x] . E[v]: after "\n" O 2 > "\n" 1; after O K 10 > O 5 > "\n" 2; after K
-    <end_of_turn> 200 > K 101 > O 10. No soft-cap, so these margins are the argmax's."""
-    config = hf.config_from_hf({**GEMMA3_1B, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                                "head_dim": 16, "num_key_value_heads": 1, "vocab_size": vocab_size})
-    graphdef, params = nnx.split(M.init_model(config, 0), nnx.Param)
-    pure = nnx.to_pure_dict(params)
-    for layer in pure["layers"].values():
-        layer["attn"]["o_proj"] = jnp.zeros_like(layer["attn"]["o_proj"])
-        layer["mlp"]["down_proj"] = jnp.zeros_like(layer["mlp"]["down_proj"])
-    from gemma3_fixtures import END_OF_TURN, NEWLINE, gemma3_vocab
-
-    index = {piece: i for i, piece in enumerate(gemma3_vocab())}
-    embed = np.zeros(pure["embed"].shape, np.float32)
-    embed[NEWLINE, 0] = 1.0
-    embed[index["O"], :2] = [2.0, 1.0]
-    embed[index["K"], 1:3] = [10.0, 1.0]
-    embed[END_OF_TURN, 2] = 200.0
-    pure["embed"] = jnp.asarray(embed)
-    nnx.replace_by_pure_dict(params, pure)
-    return graphdef, params, config
-
-
 def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(tmp_path):
     tok = _gemma_tokenizer(tmp_path)
-    graphdef, params, config = _model_that_answers_ok(tok.vocab_size)
+    from gemma3_fixtures import model_that_answers_ok
+
+    graphdef, params, config = model_that_answers_ok(tok.vocab_size)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Say OK."}])
     sampler = S.Sampler(graphdef, config, eos_id=tok.eos_ids, pad_id=tok.pad_id)
     out = sampler(params, [prompt], num_samples=2, rng=jax.random.key(0),
