@@ -559,6 +559,27 @@ def test_config_refuses_expert_adapters_where_a_peft_directory_would_be_written(
     Config(lora=LoraSection(r=4, target_modules=("all-linear",)), train=TrainSection(export_hf=True))
 
 
+@pytest.mark.slow
+def test_grpo_with_expert_adapters_trains_the_experts_and_exports_merged_weights_only(tmp_path):
+    # The trainer end to end on the fixture (~40 s on CPU): adapters per expert, the router frozen,
+    # run_dir/hf written with the merged experts and no run_dir/peft (train.export_peft=false).
+    from grpo_jax.config import LoraSection, ModelSection
+    from grpo_jax.training import train
+    from test_train import SevensTask, tiny_config
+
+    symbols = "".join(chr(c) for c in range(32, 127) if chr(c) != "~")  # 94 + eos + pad = vocab 96
+    cfg = tiny_config(tmp_path / "run", export_hf=True, export_peft=False)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2),
+                              model=ModelSection(hf_path=str(FIXTURE), tokenizer=f"char:{symbols}"),
+                              lora=LoraSection(r=2, target_modules=("attention", "experts")))
+    result = train.run(cfg, task=SevensTask())
+    assert result.params["layers"]["0"]["mlp"]["expert_down"]["lora_a"].shape == (8, 24, 2)
+    base, out = hf.load_model(FIXTURE), hf.load_model(tmp_path / "run" / "hf")
+    assert not np.array_equal(base.layers[0].mlp.expert_gate[...], out.layers[0].mlp.expert_gate[...])
+    np.testing.assert_array_equal(base.layers[0].mlp.router[...], out.layers[0].mlp.router[...])
+    assert not (tmp_path / "run" / "peft").exists()
+
+
 def test_bfloat16_load_and_save_round_trip(tmp_path):
     model = hf.load_model(FIXTURE, dtype="bfloat16")
     assert model.layers[0].mlp.expert_gate[...].dtype == jnp.bfloat16
