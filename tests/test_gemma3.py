@@ -246,6 +246,24 @@ def test_stop_ids_are_eos_and_end_of_turn(tmp_path):
     assert load_tokenizer(str(directory)).eos_ids == (1, 106)
 
 
+def test_check_reads_the_stop_ids_of_generation_config(tmp_path):
+    # The fixture's config.json says eos 1; a published Gemma 3 directory's generation_config.json
+    # says [1, 106] (<end_of_turn>), which the run stops on, so `check` sizes its programs for both.
+    # The fixture's vocabulary is 96 ids, so 95 stands in for 106 here; 106 itself is refused.
+    from grpo_jax.cli.check_shapes import resolve_shape
+    from grpo_jax.config import Config, ConfigError, ModelSection
+
+    directory = tmp_path / "gemma"
+    shutil.copytree(FIXTURE, directory)
+    config = Config(model=ModelSection(hf_path=str(directory)))
+    assert resolve_shape(config, None)[2] == (1,)
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 2, "eos_token_id": [1, 95]}))
+    assert resolve_shape(config, None)[2] == (1, 95)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    with pytest.raises(ConfigError, match=r"eos_token_id \[1, 106\] must be an id or a list of ids in 0..95"):
+        resolve_shape(config, None)
+
+
 def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(tmp_path):
     tok = _gemma_tokenizer(tmp_path)
     from gemma3_fixtures import model_that_answers_ok

@@ -559,6 +559,24 @@ def test_config_refuses_expert_adapters_where_a_peft_directory_would_be_written(
     Config(lora=LoraSection(r=4, target_modules=("all-linear",)), train=TrainSection(export_hf=True))
 
 
+def test_check_counts_expert_adapters_of_the_fixture():
+    # `check` on the fixture's config.json (whose "eos_token_id": null, as transformers 5 writes it,
+    # once crashed the stop-id read). Rank 2 on attention and experts, by hand: D 32, 4 heads and 2 kv
+    # heads of 16, E 8, I 24, layers 0 and 2 sparse. Per layer q 32*2 + 2*64 = 192, k and v
+    # 64 + 2*32 = 128 each, o 64*2 + 2*32 = 192: 640, x3 = 1920. Per sparse layer each of gate, up,
+    # down 8 * (2*32 + 2*24) = 896: 2688, x2 = 5376. Total 7296.
+    from grpo_jax.cli import check as check_command
+    from grpo_jax.config import LoraSection, ModelSection
+    from test_train import tiny_config
+
+    symbols = "".join(chr(c) for c in range(32, 127) if chr(c) != "~")
+    cfg = dataclasses.replace(tiny_config("/tmp/unused"),
+                              model=ModelSection(hf_path=str(FIXTURE), tokenizer=f"char:{symbols}"),
+                              lora=LoraSection(r=2, target_modules=("attention", "experts")))
+    figures = check_command.check(cfg, devices=1, compile_programs=False)
+    assert figures["model"]["trainable_params"] == 7296
+
+
 @pytest.mark.slow
 def test_grpo_with_expert_adapters_trains_the_experts_and_exports_merged_weights_only(tmp_path):
     # The trainer end to end on the fixture (~40 s on CPU): adapters per expert, the router frozen,
