@@ -264,13 +264,14 @@ def test_check_reads_the_stop_ids_of_generation_config(tmp_path):
         resolve_shape(config, None)
 
 
-def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(tmp_path):
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(engine, tmp_path):
     tok = _gemma_tokenizer(tmp_path)
     from gemma3_fixtures import model_that_answers_ok
 
     graphdef, params, config = model_that_answers_ok(tok.vocab_size)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Say OK."}])
-    sampler = S.Sampler(graphdef, config, eos_id=tok.eos_ids, pad_id=tok.pad_id)
+    sampler = S.Sampler(graphdef, config, eos_id=tok.eos_ids, pad_id=tok.pad_id, engine=engine, decode_slots=2)
     out = sampler(params, [prompt], num_samples=2, rng=jax.random.key(0),
                   sampling=S.SamplingConfig(max_new_tokens=6, greedy=True))
     tokens = np.asarray(out.tokens_BxC)
