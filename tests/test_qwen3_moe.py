@@ -318,6 +318,49 @@ def test_experts_split_over_the_tensor_axis_give_the_one_device_logits_and_routi
     assert result["diff"] <= 1e-4 * result["scale"]
 
 
+_ADAPTER_MESH_CHECK = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+sys.path.insert(0, "tests")
+from grpo_jax.distributed.sharding import make_mesh, param_shardings
+from grpo_jax.model import init_model, lora
+from test_qwen3_moe import TINY
+params = nnx.to_pure_dict(nnx.state(init_model(TINY, 0), nnx.Param))
+adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(1))
+adapters = jax.tree.map(lambda x: x + 0.5, adapters)  # B != 0
+one = lora.merge(params, adapters, 2.0)
+mesh = make_mesh(data=1, fsdp=2, tensor=2)
+with jax.set_mesh(mesh):
+    p = jax.device_put(params, param_shardings(mesh, params))
+    a = jax.device_put(adapters, param_shardings(mesh, adapters))
+    many = jax.jit(lambda a, p: lora.merge(p, a, 2.0), out_shardings=param_shardings(mesh, params))(a, p)
+mlp = a["layers"]["0"]["mlp"]
+shard = lambda x: list(x.addressable_shards[0].data.shape)
+print(json.dumps({"gate_a": shard(mlp["expert_gate"]["lora_a"]), "gate_b": shard(mlp["expert_gate"]["lora_b"]),
+                  "down_a": shard(mlp["expert_down"]["lora_a"]), "down_b": shard(mlp["expert_down"]["lora_b"]),
+                  "merged_gate": shard(many["layers"][0]["mlp"]["expert_gate"]),
+                  "equal": all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(many)))}))
+"""
+
+
+def test_expert_adapters_split_like_their_weights_and_merge_as_on_one_device():
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _ADAPTER_MESH_CHECK], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # fsdp 2 x tensor 2; E 4, D 16, I 12, r 2. A [E, D, r] splits E / tensor and D / fsdp as the
+    # weight does; B [E, r, I] only E (I is whole in the weight); expert_down's A [E, I, r] only E,
+    # its B [E, r, D] E and D.
+    assert (result["gate_a"], result["gate_b"]) == ([2, 8, 2], [2, 2, 12])
+    assert (result["down_a"], result["down_b"]) == ([2, 12, 2], [2, 2, 8])
+    assert result["merged_gate"] == [2, 8, 12]
+    # Each merged entry is the same r = 2 products on every layout (the rank is never split): bit-equal.
+    assert result["equal"]
+
+
 @pytest.mark.parity
 def test_parity_transformers_loads_our_export_with_a_fresh_config(tmp_path):
     # No source config: the export writes num_experts (Qwen's spelling), which transformers 5 reads
