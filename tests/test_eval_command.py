@@ -152,6 +152,51 @@ def test_eval_of_a_hugging_face_directory(tmp_path):
     assert [q["reference"] for q in samples] == ["2", "5"]
 
 
+@pytest.mark.parametrize("fixture", ["hf_qwen3_moe", "hf_gemma3"])
+def test_eval_of_a_qwen3_moe_and_a_gemma3_directory(tmp_path, fixture):
+    # The issue-28 families through the same command: Qwen3-MoE (experts in layers 0 and 2) and
+    # Gemma 3 (sliding windows of 4, shorter than the chat prompt), both vocab 96, no tokenizer files.
+    hf_dir = tmp_path / fixture
+    shutil.copytree(FIXTURES / fixture, hf_dir)
+    symbols = "".join(chr(c) for c in range(32, 127) if chr(c) != "~")  # 94 symbols + eos + pad = 96 ids
+    data = tmp_path / "sums.jsonl"
+    data.write_text('{"question": "What is 1+1?", "answer": "2"}\n{"question": "What is 2+3?", "answer": "5"}\n')
+    out = tmp_path / "out"
+    assert evaluate("--config", config_file(tmp_path), "--hf", str(hf_dir), "--set", f"model.tokenizer=char:{symbols}",
+                    "--set", "sampling.max_new_tokens=4", "--data", str(data), "--num-samples", "2",
+                    "--out", str(out)) == 0
+    summary, samples = read_outputs(out)
+    assert summary["policy"] == {"hf": str(hf_dir)} and summary["max_new_tokens"] == 4
+    check_figures(summary, samples, n=2, ks=(1, 2))
+    assert [q["reference"] for q in samples] == ["2", "5"]
+
+
+def test_eval_hf_alone_on_a_gemma3_checkpoint_uses_its_template_and_stops_at_end_of_turn(tmp_path):
+    # A Gemma 3 directory as published (tokenizer, chat template, generation_config eos [1, 106])
+    # whose model answers "OK<end_of_turn>": every sample ends at <end_of_turn>, 3 tokens, none truncated.
+    import sys as _sys
+
+    from flax import nnx
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from gemma3_fixtures import gemma3_vocab, model_that_answers_ok, write_gemma3_tokenizer
+    from grpo_jax.io import hf
+
+    graphdef, params, _ = model_that_answers_ok(len(gemma3_vocab()))
+    hf_dir = tmp_path / "gemma"
+    hf.save_model(nnx.merge(graphdef, params), hf_dir)
+    write_gemma3_tokenizer(hf_dir)
+    data = tmp_path / "sums.jsonl"
+    data.write_text('{"question": "What is 1+1?", "answer": "2"}\n{"question": "What is 2+3?", "answer": "5"}\n')
+    out = tmp_path / "out"
+    assert evaluate("--hf", str(hf_dir), "--data", str(data), "--num-samples", "2", "--out", str(out),
+                    "--set", "sampling.max_new_tokens=6") == 0
+    summary, samples = read_outputs(out)
+    check_figures(summary, samples, n=2, ks=(1, 2))
+    assert summary["truncated"] == 0.0 and summary["mean_length"] == 3.0
+    assert all(s["length"] == 3 for q in samples for s in q["samples"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -205,6 +205,86 @@ def test_fresh_gemma_model_starts_with_unit_norm_scales():
         np.testing.assert_array_equal(norm, 0.0)
 
 
+# ---------------------------------------------------------------- chat template and stop ids
+
+def _gemma_tokenizer(tmp_path):
+    from gemma3_fixtures import write_gemma3_tokenizer
+    from grpo_jax.io.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(write_gemma3_tokenizer(tmp_path / "gemma_tok")))
+
+
+def test_chat_prompt_renders_as_gemma3s_template(tmp_path):
+    # The system message is folded into the first user turn (then a blank line), the assistant is
+    # "model", contents are trimmed, the bos comes from the template (and only once in the ids).
+    tok = _gemma_tokenizer(tmp_path)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " What is 1+1? "},
+            {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 2+3?"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nWhat is 1+1?<end_of_turn>\n"
+        "<start_of_turn>model\n2<end_of_turn>\n"
+        "<start_of_turn>user\nAnd 2+3?<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    ids = tok.apply_chat_template(chat)
+    assert ids[:2] == [2, 105] and ids.count(2) == 1 and ids.count(106) == 3
+    assert ids[-7:] == [105, *tok.encode("model"), 107]  # "\n" is one id, 107, as in Gemma's vocabulary
+    assert tok.encode_prompt(tok.apply_chat_template(chat, tokenize=False)) == ids  # no second bos
+    with pytest.raises(ValueError, match="must alternate"):
+        tok.apply_chat_template([{"role": "assistant", "content": "hi"}])
+
+
+def test_stop_ids_are_eos_and_end_of_turn(tmp_path):
+    # Gemma 3's generation_config.json says eos_token_id [1, 106]: <eos> and <end_of_turn>; a
+    # checkpoint without that file falls back to config.json's (the published 1B has [1, 106]).
+    tok = _gemma_tokenizer(tmp_path)
+    assert (tok.eos_id, tok.eos_ids, tok.bos_id, tok.pad_id) == (1, (1, 106), 2, 0)
+    directory = tmp_path / "gemma_tok"
+    (directory / "generation_config.json").unlink()
+    (directory / "config.json").write_text(json.dumps(GEMMA3_1B))
+    from grpo_jax.io.tokenizer import load_tokenizer
+
+    assert load_tokenizer(str(directory)).eos_ids == (1, 106)
+
+
+def test_check_reads_the_stop_ids_of_generation_config(tmp_path):
+    # The fixture's config.json says eos 1; a published Gemma 3 directory's generation_config.json
+    # says [1, 106] (<end_of_turn>), which the run stops on, so `check` sizes its programs for both.
+    # The fixture's vocabulary is 96 ids, so 95 stands in for 106 here; 106 itself is refused.
+    from grpo_jax.cli.check_shapes import resolve_shape
+    from grpo_jax.config import Config, ConfigError, ModelSection
+
+    directory = tmp_path / "gemma"
+    shutil.copytree(FIXTURE, directory)
+    config = Config(model=ModelSection(hf_path=str(directory)))
+    assert resolve_shape(config, None)[2] == (1,)
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 2, "eos_token_id": [1, 95]}))
+    assert resolve_shape(config, None)[2] == (1, 95)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    with pytest.raises(ConfigError, match=r"eos_token_id \[1, 106\] must be an id or a list of ids in 0..95"):
+        resolve_shape(config, None)
+
+
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_the_sampler_stops_at_end_of_turn_and_the_reward_sees_the_text_without_it(engine, tmp_path):
+    tok = _gemma_tokenizer(tmp_path)
+    from gemma3_fixtures import model_that_answers_ok
+
+    graphdef, params, config = model_that_answers_ok(tok.vocab_size)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say OK."}])
+    sampler = S.Sampler(graphdef, config, eos_id=tok.eos_ids, pad_id=tok.pad_id, engine=engine, decode_slots=2)
+    out = sampler(params, [prompt], num_samples=2, rng=jax.random.key(0),
+                  sampling=S.SamplingConfig(max_new_tokens=6, greedy=True))
+    tokens = np.asarray(out.tokens_BxC)
+    o, k = tok.encode("OK")
+    np.testing.assert_array_equal(tokens, [[o, k, 106, 0, 0, 0]] * 2)  # stopped, then padding
+    np.testing.assert_array_equal(np.asarray(out.mask_BxC), [[1, 1, 1, 0, 0, 0]] * 2)
+    assert not np.asarray(out.truncated_B).any()
+    # What the reward reads, decoded as the rollout does (grpo_jax.training.rollout): the stop
+    # token is in the row's length but not in its text.
+    lengths = np.asarray(out.mask_BxC).sum(axis=1)
+    assert [tok.decode(row[:n]) for row, n in zip(tokens, lengths)] == ["OK", "OK"]
+
+
 # ---------------------------------------------------------------- sampler
 
 PROMPTS = [[5, 9, 3], [7, 1, 4, 8, 6]]  # the first left padded; both shorter than prompt + completion

@@ -168,6 +168,31 @@ def test_export_writes_the_merged_model_and_peft_adapters(tmp_path):
     np.testing.assert_allclose(hf_base + 8.0 * lora_b @ lora_a, hf_merged, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("fixture", ["hf_qwen3_moe", "hf_gemma3"])
+def test_peft_names_of_qwen3_moe_and_gemma3_adapters_are_their_hf_weights(fixture):
+    # Every peft key `base_model.model.{W}.lora_A.weight` names an HF weight `{W}.weight` of the
+    # checkpoint, and peft's merge in HF's layout, W_hf + scale * lora_B @ lora_A, is our merged
+    # weight exported (Gemma's o_proj in = N * H = 64; Qwen3-MoE's dense layer 1 has gate/up/down).
+    from grpo_jax.io import hf, peft
+
+    model = hf.load_model(TESTS / "fixtures" / fixture)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["all-linear"]), 2, jax.random.PRNGKey(0))
+    adapters = jax.tree.map(lambda x: x + 0.1, adapters)  # B != 0, so the merge moves every target
+    merged_hf = dict(hf.hf_tensors(lora.merge(params, adapters, 4.0), model.config))
+    base_hf = dict(hf.hf_tensors(params, model.config))
+    tensors = peft.peft_state_dict(adapters)
+    stems = sorted({k[len("base_model.model."):-len(".lora_A.weight")] for k in tensors if "lora_A" in k})
+    layers = model.config.num_layers
+    assert len(stems) == 4 * layers + 3 * (1 if fixture == "hf_qwen3_moe" else layers)
+    for stem in stems:
+        a, b = tensors[f"base_model.model.{stem}.lora_A.weight"], tensors[f"base_model.model.{stem}.lora_B.weight"]
+        # float32: W + 4 * (A @ B) with r = 2 on both sides, the same few roundings (<= 4u relative
+        # of |W| + 4 |A| |B| ~ 1): 1e-6 absolute.
+        np.testing.assert_allclose(base_hf[f"{stem}.weight"] + 4.0 * b @ a, merged_hf[f"{stem}.weight"],
+                                   rtol=0, atol=1e-6, err_msg=stem)
+
+
 def test_lora_config_errors_name_the_field(tmp_path):
     cfg = tiny_config(tmp_path)
     for fields, words in [({"r": 4, "dropout": 0.05}, "lora.dropout=0.05"),

@@ -352,6 +352,49 @@ def test_moe_trains_on_eight_devices_with_experts_split_as_on_one_device(tmp_pat
             assert got[k] == pytest.approx(want[k], **metric_tolerance(k)), (got["step"], k)
 
 
+_ADAPTER_MESH_CHECK = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+sys.path.insert(0, "tests")
+from grpo_jax.distributed.sharding import make_mesh, param_shardings
+from grpo_jax.model import init_model, lora
+from test_qwen3_moe import TINY
+params = nnx.to_pure_dict(nnx.state(init_model(TINY, 0), nnx.Param))
+adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(1))
+adapters = jax.tree.map(lambda x: x + 0.5, adapters)  # B != 0
+one = lora.merge(params, adapters, 2.0)
+mesh = make_mesh(data=1, fsdp=2, tensor=2, expert=2)
+with jax.set_mesh(mesh):
+    p = jax.device_put(params, param_shardings(mesh, params))
+    a = jax.device_put(adapters, param_shardings(mesh, adapters))
+    many = jax.jit(lambda a, p: lora.merge(p, a, 2.0), out_shardings=param_shardings(mesh, params))(a, p)
+mlp = a["layers"]["0"]["mlp"]
+shard = lambda x: list(x.addressable_shards[0].data.shape)
+print(json.dumps({"gate_a": shard(mlp["expert_gate"]["lora_a"]), "gate_b": shard(mlp["expert_gate"]["lora_b"]),
+                  "down_a": shard(mlp["expert_down"]["lora_a"]), "down_b": shard(mlp["expert_down"]["lora_b"]),
+                  "merged_gate": shard(many["layers"][0]["mlp"]["expert_gate"]),
+                  "equal": all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(many)))}))
+"""
+
+
+def test_expert_adapters_split_like_their_weights_and_merge_as_on_one_device():
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _ADAPTER_MESH_CHECK], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # fsdp 2 x expert 2 x tensor 2; E 4, D 16, I 12, r 2. expert_gate [E, D, I] splits E / expert,
+    # D / fsdp, I / tensor: its A [E, D, r] splits E and D as the weight does, its B [E, r, I] E and
+    # I; expert_down [E, I, D]'s A [E, I, r] E and I, its B [E, r, D] E and D. The rank stays whole.
+    assert (result["gate_a"], result["gate_b"]) == ([2, 8, 2], [2, 2, 6])
+    assert (result["down_a"], result["down_b"]) == ([2, 6, 2], [2, 2, 8])
+    assert result["merged_gate"] == [2, 8, 6]
+    # Each merged entry is the same r = 2 products on every layout (the rank is never split): bit-equal.
+    assert result["equal"]
+
+
 @pytest.mark.parity
 def test_parity_transformers_loads_our_export_with_a_fresh_config(tmp_path):
     # No source config: the export writes num_experts (Qwen's spelling), which transformers 5 reads
@@ -442,6 +485,194 @@ def test_lora_all_linear_adapts_attention_and_the_dense_layer_not_the_experts():
     assert "mlp" not in adapters["layers"]["0"] and "mlp" not in adapters["layers"]["2"]
     merged = lora.merge(params, adapters, 1.0)
     np.testing.assert_array_equal(merged["layers"][0]["mlp"]["expert_gate"], params["layers"][0]["mlp"]["expert_gate"])
+
+
+# ---------------------------------------------------------------- LoRA on the experts
+
+def test_expert_adapters_merge_per_expert_worked_example():
+    # Two experts, each a [in 2, out 1] matrix of zeros; rank 1, alpha / r = 2.
+    # Expert 0: A = [[1], [0]], B = [[3]] -> W'[0] = 2 * [[3], [0]] = [[6], [0]].
+    # Expert 1: A = [[0], [1]], B = [[5]] -> W'[1] = 2 * [[0], [5]] = [[0], [10]].
+    # One shared A @ B (E folded into the input) would mix the experts; per-expert products do not.
+    from grpo_jax.model import lora
+
+    base = {"layers": {0: {"mlp": {"expert_up": jnp.zeros((2, 2, 1))}}}}
+    adapters = {"layers": {"0": {"mlp": {"expert_up": {"lora_a": jnp.asarray([[[1.0], [0.0]], [[0.0], [1.0]]]),
+                                                       "lora_b": jnp.asarray([[[3.0]], [[5.0]]])}}}}}
+    merged = lora.merge(base, adapters, scale=2.0)["layers"][0]["mlp"]["expert_up"]
+    np.testing.assert_array_equal(merged, [[[6.0], [0.0]], [[0.0], [10.0]]])
+
+
+def test_expert_targets_are_named_and_their_adapters_are_per_expert():
+    from grpo_jax.model import lora
+
+    assert lora.resolve_targets(["experts"]) == ("expert_gate", "expert_up", "expert_down")
+    assert lora.resolve_targets(["attention", "expert_down", "router"]) == (
+        "q_proj", "k_proj", "v_proj", "o_proj", "expert_down", "router")
+    params = _params(init_model(TINY, 0))  # E 4, D 16, I 12; layer 1 dense
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(0))
+    mlp = adapters["layers"]["0"]["mlp"]
+    assert mlp["expert_gate"]["lora_a"].shape == (4, 16, 2) and mlp["expert_gate"]["lora_b"].shape == (4, 2, 12)
+    assert mlp["expert_down"]["lora_a"].shape == (4, 12, 2) and mlp["expert_down"]["lora_b"].shape == (4, 2, 16)
+    assert sorted(adapters["layers"]) == ["0", "2"] and "router" not in mlp  # the dense layer 1 has no experts
+    # Kaiming bound 1 / sqrt(one expert's fan-in), not of E * fan-in.
+    assert float(jnp.abs(mlp["expert_down"]["lora_a"]).max()) <= 1 / math.sqrt(12)
+    # Shardings follow the weight's: E on "expert" as the weight's E, A's input and B's output as its.
+    specs = partition_specs(adapters)["layers"]["0"]["mlp"]
+    assert tuple(specs["expert_gate"]["lora_a"]) == ("expert", "fsdp", None)
+    assert tuple(specs["expert_gate"]["lora_b"]) == ("expert", None, "tensor")
+    assert tuple(specs["expert_down"]["lora_a"]) == ("expert", "tensor", None)
+    assert tuple(specs["expert_down"]["lora_b"]) == ("expert", None, "fsdp")
+
+
+def test_attention_targets_make_no_expert_adapter():
+    from grpo_jax.model import lora
+
+    adapters = lora.init_adapters(_params(init_model(TINY, 0)), lora.resolve_targets(["attention"]), 2,
+                                  jax.random.key(0))
+    assert all(sorted(layer) == ["attn"] for layer in adapters["layers"].values())
+
+
+def test_expert_adapters_with_zero_b_give_the_base_logits_bit_for_bit():
+    from grpo_jax.model import lora
+
+    graphdef, params = nnx.split(init_model(TINY, 0), nnx.Param)
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts", "all-linear"]), 2, jax.random.key(1))
+    assert float(jnp.abs(adapters["layers"]["0"]["mlp"]["expert_up"]["lora_a"]).min()) > 0
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 7)), jnp.int32)
+    base_logits, base_routing = _routing(graphdef, params, tokens)
+    logits, routing = _routing(graphdef, lora.merge(params, adapters, 16.0), tokens)
+    np.testing.assert_array_equal(logits, base_logits)
+    jax.tree.map(np.testing.assert_array_equal, routing, base_routing)
+
+
+def test_expert_adapters_merge_to_w_plus_scale_a_b_for_every_expert():
+    from grpo_jax.model import lora
+
+    params = _params(init_model(TINY, 0))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["experts"]), 2, jax.random.key(1))
+    rng = np.random.default_rng(2)
+    adapters = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.asarray(rng.normal(size=x.shape), jnp.float32) if path[-1].key == "lora_b" else x,
+        adapters)
+    merged = lora.merge(params, adapters, 4.0)
+    for layer in (0, 2):
+        for name in ("expert_gate", "expert_up", "expert_down"):
+            w = np.asarray(params["layers"][layer]["mlp"][name], np.float64)
+            pair = adapters["layers"][str(layer)]["mlp"][name]
+            a, b = np.asarray(pair["lora_a"], np.float64), np.asarray(pair["lora_b"], np.float64)
+            for e in range(4):
+                # float32 W + 4 * (A @ B) with r = 2: two rounded products, one sum, one scale, one add
+                # (each <= u = 6e-8 relative) against float64: <= 5u * (|W| + 4 |A| |B|) ~ 3e-7 * 10.
+                np.testing.assert_allclose(merged["layers"][layer]["mlp"][name][e], w[e] + 4.0 * a[e] @ b[e],
+                                           rtol=1e-6, atol=3e-6)
+    np.testing.assert_array_equal(merged["layers"][0]["mlp"]["router"], params["layers"][0]["mlp"]["router"])
+    np.testing.assert_array_equal(merged["layers"][1]["mlp"]["up_proj"], params["layers"][1]["mlp"]["up_proj"])
+
+
+def test_a_gradient_step_on_expert_adapters_changes_only_the_experts():
+    # The policy is merge(base, adapters): a step on the adapters moves the targeted expert
+    # weights and leaves the base, the router, the attention and the dense layer bit-equal.
+    from grpo_jax.model import lora
+
+    graphdef, params = nnx.split(init_model(TINY, 0), nnx.Param)
+    spec = lora.LoraSpec(rank=2, scale=2.0, targets=lora.resolve_targets(["experts"]))
+    adapters = lora.init_adapters(params, spec.targets, spec.rank, jax.random.key(1))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 7)), jnp.int32)
+    mask = jnp.ones_like(tokens)
+
+    def loss(adapters, base):
+        return _lm_loss(spec.model_params(adapters, base), graphdef, tokens, mask, 0.001)[0]
+
+    base_before = jax.tree.map(np.array, params)
+    value, grads = jax.jit(jax.value_and_grad(loss))(adapters, params)
+    # B = 0 at the start: dL/dA = scale * dL/dW @ B^T = 0, dL/dB = scale * A^T @ dL/dW != 0.
+    assert float(jnp.abs(grads["layers"]["0"]["mlp"]["expert_up"]["lora_a"]).max()) == 0
+    assert float(jnp.abs(grads["layers"]["0"]["mlp"]["expert_up"]["lora_b"]).max()) > 0
+    stepped = jax.tree.map(lambda a, g: a - 0.5 * g, adapters, grads)
+    jax.tree.map(np.testing.assert_array_equal, params, base_before)
+    before, after = nnx.to_pure_dict(params), nnx.to_pure_dict(spec.model_params(stepped, params))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(after)[0]:
+        name = path[-1].key
+        same = np.array_equal(leaf, _at(before, path))
+        assert same == (name not in ("expert_gate", "expert_up", "expert_down")), jax.tree_util.keystr(path)
+    assert float(jax.jit(loss)(stepped, params)) < float(value)
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[k.key]
+    return tree
+
+
+def test_peft_export_names_attention_and_dense_adapters_and_refuses_expert_ones(tmp_path):
+    from grpo_jax.io import peft
+    from grpo_jax.model import lora
+
+    params = _params(init_model(TINY, 0))
+    adapters = lora.init_adapters(params, lora.resolve_targets(["all-linear"]), 2, jax.random.key(0))
+    names = peft.peft_state_dict(adapters)
+    assert len(names) == 2 * (3 * 4 + 3)  # A and B of q/k/v/o in 3 layers, gate/up/down in dense layer 1
+    assert names["base_model.model.model.layers.1.mlp.gate_proj.lora_A.weight"].shape == (2, 16)  # [r, D]
+    assert names["base_model.model.model.layers.2.self_attn.o_proj.lora_B.weight"].shape == (16, 2)  # [D, r]
+    spec = lora.LoraSpec(rank=2, scale=1.0, targets=lora.resolve_targets(["attention", "experts"]))
+    adapters = lora.init_adapters(params, spec.targets, 2, jax.random.key(0))
+    out = tmp_path / "peft"
+    with pytest.raises(ValueError, match=r"\['expert_down', 'expert_gate', 'expert_up'\].*export the merged weights"):
+        peft.save_peft(adapters, out, spec=spec, alpha=2.0, base_model=None)
+    assert not out.exists()  # refused before any file
+
+
+def test_config_refuses_expert_adapters_where_a_peft_directory_would_be_written(tmp_path):
+    from grpo_jax.config import Config, ConfigError, LoraSection, SamplingSection, TrainSection
+
+    lora_cfg = LoraSection(r=4, target_modules=("attention", "experts"))
+    with pytest.raises(ConfigError, match=r"adapts \['expert_gate', 'expert_up', 'expert_down'\].*"
+                                          "train.export_peft=false"):
+        Config(lora=lora_cfg, train=TrainSection(export_hf=True))
+    with pytest.raises(ConfigError, match="sampling.engine=vllm"):
+        Config(lora=lora_cfg, sampling=SamplingSection(engine="vllm"))
+    Config(lora=lora_cfg, train=TrainSection(export_hf=True, export_peft=False))  # the merged weights only
+    Config(lora=LoraSection(r=4, target_modules=("all-linear",)), train=TrainSection(export_hf=True))
+
+
+def test_check_counts_expert_adapters_of_the_fixture():
+    # `check` on the fixture's config.json (whose "eos_token_id": null, as transformers 5 writes it,
+    # once crashed the stop-id read). Rank 2 on attention and experts, by hand: D 32, 4 heads and 2 kv
+    # heads of 16, E 8, I 24, layers 0 and 2 sparse. Per layer q 32*2 + 2*64 = 192, k and v
+    # 64 + 2*32 = 128 each, o 64*2 + 2*32 = 192: 640, x3 = 1920. Per sparse layer each of gate, up,
+    # down 8 * (2*32 + 2*24) = 896: 2688, x2 = 5376. Total 7296.
+    from grpo_jax.cli import check as check_command
+    from grpo_jax.config import LoraSection, ModelSection
+    from test_train import tiny_config
+
+    symbols = "".join(chr(c) for c in range(32, 127) if chr(c) != "~")
+    cfg = dataclasses.replace(tiny_config("/tmp/unused"),
+                              model=ModelSection(hf_path=str(FIXTURE), tokenizer=f"char:{symbols}"),
+                              lora=LoraSection(r=2, target_modules=("attention", "experts")))
+    figures = check_command.check(cfg, devices=1, compile_programs=False)
+    assert figures["model"]["trainable_params"] == 7296
+
+
+@pytest.mark.slow
+def test_grpo_with_expert_adapters_trains_the_experts_and_exports_merged_weights_only(tmp_path):
+    # The trainer end to end on the fixture (~40 s on CPU): adapters per expert, the router frozen,
+    # run_dir/hf written with the merged experts and no run_dir/peft (train.export_peft=false).
+    from grpo_jax.config import LoraSection, ModelSection
+    from grpo_jax.training import train
+    from test_train import SevensTask, tiny_config
+
+    symbols = "".join(chr(c) for c in range(32, 127) if chr(c) != "~")  # 94 + eos + pad = vocab 96
+    cfg = tiny_config(tmp_path / "run", export_hf=True, export_peft=False)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2),
+                              model=ModelSection(hf_path=str(FIXTURE), tokenizer=f"char:{symbols}"),
+                              lora=LoraSection(r=2, target_modules=("attention", "experts")))
+    result = train.run(cfg, task=SevensTask())
+    assert result.params["layers"]["0"]["mlp"]["expert_down"]["lora_a"].shape == (8, 24, 2)
+    base, out = hf.load_model(FIXTURE), hf.load_model(tmp_path / "run" / "hf")
+    assert not np.array_equal(base.layers[0].mlp.expert_gate[...], out.layers[0].mlp.expert_gate[...])
+    np.testing.assert_array_equal(base.layers[0].mlp.router[...], out.layers[0].mlp.router[...])
+    assert not (tmp_path / "run" / "peft").exists()
 
 
 def test_bfloat16_load_and_save_round_trip(tmp_path):

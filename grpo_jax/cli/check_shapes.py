@@ -38,9 +38,11 @@ MODEL_SHAPES: dict[str, dict] = {
 
 
 def resolve_shape(config, preset: str | None):
-    """(ModelConfig, where the shape came from, stop ids, pad id); nothing but config.json is read."""
+    """(ModelConfig, where the shape came from, stop ids, pad id); nothing but config.json (and
+    generation_config.json's stop ids beside it) is read."""
     from grpo_jax import config as config_lib
     from grpo_jax.io import hf
+    from grpo_jax.io.tokenizer_files import stop_ids_beside
     from grpo_jax.training import run_context
 
     m = config.model
@@ -67,7 +69,16 @@ def resolve_shape(config, preset: str | None):
                                          attention_impl=m.attention_impl)
     except (KeyError, ValueError) as e:
         raise config_lib.ConfigError(f"{source}: {e}") from None
-    eos = hf_config.get("eos_token_id", model_config.vocab_size - 1)
+    # The stop ids a run reads: generation_config.json's list first (Gemma 3 [1, 106], Qwen2.5-Instruct
+    # two), else config.json's; transformers 5 writes "eos_token_id": null when a model has none
+    # (the Qwen3-MoE fixture), which counts as unset, as a missing key does.
+    try:
+        stops = stop_ids_beside(m.hf_path, model_config.vocab_size) if source.startswith("model.hf_path") else []
+    except ValueError as e:  # an id past the vocabulary: the run would refuse it too
+        raise config_lib.ConfigError(f"model.hf_path={m.hf_path!r}: {e}") from None
+    eos = stops or hf_config.get("eos_token_id")
+    if eos is None:
+        eos = model_config.vocab_size - 1
     eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
     pad = hf_config.get("pad_token_id")
     return model_config, source, eos, eos[0] if pad is None else int(pad)

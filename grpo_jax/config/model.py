@@ -80,8 +80,9 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class LoraSection:
-    """LoRA (grpo_jax.model.lora): r > 0 trains rank-r adapters on `target_modules` (HF names, or
-    the presets "attention" / "all-linear") of a frozen base, which is also the reference policy;
+    """LoRA (grpo_jax.model.lora): r > 0 trains rank-r adapters on `target_modules` (HF names, our
+    expert names expert_gate / expert_up / expert_down / router, or the presets "attention" /
+    "all-linear" / "experts") of a frozen base, which is also the reference policy;
     0 trains every weight. TRL's ModelConfig names without their `lora_` prefix (peft's `r`,
     `target_modules`). B starts at 0 (step 0 = the base); A as peft's "kaiming" (default) or
     "gaussian". The base may be stored in bfloat16."""

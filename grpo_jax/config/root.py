@@ -65,10 +65,34 @@ def validate(config: Config) -> None:
             f"task.turn_rewards='process' with grpo.adv_estimator={config.grpo.adv_estimator!r}: per-turn rewards "
             "are normalised over the group as the seed's process supervision does (GRPO's baseline); set "
             "grpo.adv_estimator='grpo' or task.turn_rewards='episode'")
+    if config.lora.r:
+        _refuse_adapters_peft_cannot_hold(config)
     if config.lora.r and config.grpo.ref_resync_every:
         raise ConfigError(
             f"grpo.ref_resync_every={config.grpo.ref_resync_every} with lora.r={config.lora.r}: the reference is "
             "the frozen base itself; set grpo.ref_resync_every=0")
+
+
+def _refuse_adapters_peft_cannot_hold(config: Config) -> None:
+    """Adapters on the experts or the router go nowhere peft's LoRA format reaches: refused here,
+    before a run starts, where they would be written as one (the export's run_dir/peft, the vLLM
+    engine's adapter syncs) rather than after the last step."""
+    from grpo_jax.model.lora import NOT_PEFT_LINEAR, resolve_targets  # noqa: PLC0415 - the model layer, on demand
+
+    bad = [t for t in resolve_targets(config.lora.target_modules) if t in NOT_PEFT_LINEAR]
+    if not bad:
+        return
+    if config.train.export_hf and config.train.export_peft:
+        raise ConfigError(
+            f"lora.target_modules={list(config.lora.target_modules)} adapts {bad}, which peft's LoRA adapter format "
+            "has no module for (transformers 5 keeps Qwen3-MoE's experts as fused parameters), so "
+            "train.export_hf cannot write them to run_dir/peft; set train.export_peft=false to export the merged "
+            "weights only (run_dir/hf), or leave them out of lora.target_modules")
+    if config.sampling.engine == "vllm":
+        raise ConfigError(
+            f"lora.target_modules={list(config.lora.target_modules)} adapts {bad} with sampling.engine=vllm: the "
+            "engine takes adapters as a peft LoRA directory, which has no module for them; use another "
+            "sampling.engine or leave them out of lora.target_modules")
 
 
 def validate_for_devices(config: Config, num_devices: int, num_processes: int = 1, backend: str = "", *,

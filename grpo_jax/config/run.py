@@ -87,6 +87,9 @@ class TrainSection:
     async_checkpoints: bool = True
     stop_after_steps: int = 0  # >0: stop cleanly (with a checkpoint) after this many steps in this process
     export_hf: bool = False  # write the final policy as HF safetensors to run_dir/hf
+    # With lora.r > 0, export_hf also writes the adapters as a peft directory (run_dir/peft); false:
+    # the merged weights only (what adapters on Qwen3-MoE's experts need: peft has no module for them).
+    export_peft: bool = True
     # Updates whose loss or gradient norm is not finite are skipped (params unchanged) and counted;
     # this many steps in a row with a skipped update stop the run.
     max_nonfinite_steps: int = 3

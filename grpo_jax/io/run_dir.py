@@ -49,6 +49,7 @@ OPERATIONAL_FIELDS = (
     "train.async_checkpoints",
     "train.stop_after_steps",
     "train.export_hf",
+    "train.export_peft",
     "rewards.workers",
     "rewards.timeout_s",
     "train.max_nonfinite_steps",

@@ -7,6 +7,17 @@ out = D). The policy is the base with every targeted weight replaced by
 
     W' = W + (alpha / r) * (A @ B).reshape(W.shape)            (`merge`)
 
+Experts (Qwen3-MoE, grpo_jax.model.moe) are targets by their own names, expert_gate [E, D, I],
+expert_up [E, D, I], expert_down [E, I, D], or the preset "experts" for the three: E is a batch
+dimension (partitioning.BATCH_DIMS), so each expert e gets its own pair A [E, in, r], B [E, r, out]
+and W'[e] = W[e] + (alpha / r) * A[e] @ B[e]. The router [D, E] is a target only when named
+("router"): no preset holds it, as peft's all-linear leaves it out too. "all-linear" means what
+peft's all-linear means on a transformers 5 Qwen3-MoE: every nn.Linear but the output layer, i.e. the
+attention and the dense MLPs of `mlp_only_layers`; transformers 5 keeps the experts fused as
+nn.Parameters (mlp.experts.gate_up_proj, mlp.experts.down_proj) and the router as a parameter of
+its own module, which peft's all-linear does not select. (transformers 4 had one nn.Linear per
+expert and the router as nn.Linear, so all-linear there adapted both; name them here for that.)
+
 B starts at 0, so W' == W bit for bit and step 0 is the base model. The trainer differentiates
 through `merge` with respect to the adapters only; the reference policy is the base itself (no
 second copy of the weights), and the sampler decodes from a merged copy made once per rollout.
@@ -32,12 +43,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.model.partitioning import IN_DIMS
+from grpo_jax.model.partitioning import BATCH_DIMS, IN_DIMS
 
 PRESETS = {
     "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "experts": ("expert_gate", "expert_up", "expert_down"),
 }
+# Targets with no module of peft's LoRA format (the experts are fused parameters in transformers
+# 5, the router a parameter of its own module): `grpo_jax.io.peft` refuses to export them.
+NOT_PEFT_LINEAR = ("router", "expert_gate", "expert_up", "expert_down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +90,18 @@ def _names(path) -> tuple[str, ...]:
 
 
 def _split(shape: tuple[int, ...], weight: str) -> tuple[int, int]:
-    k = IN_DIMS[weight]
-    return math.prod(shape[:k]), math.prod(shape[k:])
+    """(in, out) of one matrix of the weight: its dims after the batch dims, flattened."""
+    nb = BATCH_DIMS.get(weight, 0)
+    k = nb + IN_DIMS[weight]
+    return math.prod(shape[nb:k]), math.prod(shape[k:])
+
+
+def adapter_shapes(shape: tuple[int, ...], weight: str, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(A's shape, B's shape) for weight `weight` of `shape`: ([batch..., in, r], [batch..., r, out]);
+    expert_down [E, I, D] -> ([E, I, r], [E, r, D]), o_proj [N, H, D] -> ([N*H, r], [r, D])."""
+    batch = tuple(shape[:BATCH_DIMS.get(weight, 0)])
+    n_in, n_out = _split(shape, weight)
+    return batch + (n_in, rank), batch + (rank, n_out)
 
 
 def targeted(params, targets: Iterable[str]) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
@@ -112,19 +137,21 @@ def _lookup(tree: dict, names: tuple[str, ...]):
 def init_adapters(params, targets: Iterable[str], rank: int, key: jax.Array, init: str = "kaiming") -> dict:
     """Fresh adapters for `params` (float32): B = 0, and A as peft initialises it:
     "kaiming" U(-1/sqrt(in), 1/sqrt(in)) (peft's default, kaiming-uniform with a = sqrt(5)),
-    "gaussian" N(0, 1/r). Each A draws from fold_in(key, its index in tree order)."""
+    "gaussian" N(0, 1/r). Each A draws from fold_in(key, its index in tree order); an expert
+    weight's A [E, in, r] draws all E experts' at once (in is one expert's fan-in)."""
     items = []
     for i, (names, shape) in enumerate(targeted(params, targets)):
-        n_in, n_out = _split(shape, names[-1])
+        a_shape, b_shape = adapter_shapes(shape, names[-1], rank)
+        n_in = a_shape[-2]
         k = jax.random.fold_in(key, i)
         if init == "kaiming":
             bound = 1.0 / math.sqrt(n_in)
-            a = jax.random.uniform(k, (n_in, rank), jnp.float32, -bound, bound)
+            a = jax.random.uniform(k, a_shape, jnp.float32, -bound, bound)
         elif init == "gaussian":
-            a = jax.random.normal(k, (n_in, rank), jnp.float32) / rank
+            a = jax.random.normal(k, a_shape, jnp.float32) / rank
         else:
             raise ValueError(f"LoRA init must be 'kaiming' or 'gaussian', got {init!r}")
-        items.append((names, {"lora_a": a, "lora_b": jnp.zeros((rank, n_out), jnp.float32)}))
+        items.append((names, {"lora_a": a, "lora_b": jnp.zeros(b_shape, jnp.float32)}))
     if not items:
         raise ValueError(f"no weight of the model matches the LoRA targets {tuple(targets)}")
     return _nest(items)
@@ -133,13 +160,15 @@ def init_adapters(params, targets: Iterable[str], rank: int, key: jax.Array, ini
 def merge(base, adapters: dict, scale: float, dtype=None):
     """The base params with W + scale * A @ B in every targeted weight (cast to `dtype`, default
     the weight's own); untargeted weights are passed through. Pure; differentiable in `adapters`.
-    With B == 0 every weight is returned bit-equal (w + 0.0 == w)."""
+    With B == 0 every weight is returned bit-equal (w + 0.0 == w). Batch dims (experts) pair up:
+    A [E, in, r] @ B [E, r, out] is E products, not one."""
 
     def one(path, w):
         pair = _lookup(adapters, _names(path))
         if pair is None:
             return w
-        delta = jnp.dot(pair["lora_a"].astype(jnp.float32), pair["lora_b"].astype(jnp.float32))
+        # matmul batches the leading dims: [in, r] @ [r, out], or [E, in, r] @ [E, r, out] per expert.
+        delta = jnp.matmul(pair["lora_a"].astype(jnp.float32), pair["lora_b"].astype(jnp.float32))
         merged = w.astype(jnp.float32) + scale * delta.reshape(w.shape)
         return merged.astype(dtype or w.dtype)
 

@@ -40,18 +40,28 @@ SHARDING: dict[str, tuple[str | None, ...]] = {
 }
 
 
-# The leading dimensions of each matrix that are its inputs (the rest are outputs): q_proj
-# [D, N, H] maps D to N x H, o_proj [N, H, D] maps N x H to D. LoRA adapters (grpo_jax.model.lora) are
-# A [inputs, r] and B [r, outputs] and take their shardings from these.
-IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
+# The leading dimensions of a weight that index a stack of independent matrices (the experts' E):
+# neither input nor output, each matrix of the stack gets its own adapter pair.
+BATCH_DIMS = {"expert_gate": 1, "expert_up": 1, "expert_down": 1}
+
+# The dimensions of each matrix, after its BATCH_DIMS, that are its inputs (the rest are outputs):
+# q_proj [D, N, H] maps D to N x H, o_proj [N, H, D] maps N x H to D, expert_down [E, I, D] maps I
+# to D per expert. LoRA adapters (grpo_jax.model.lora) are A [batch..., inputs, r] and
+# B [batch..., r, outputs] and take their shardings from these.
+IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1,
+           "router": 1, "expert_gate": 1, "expert_up": 1, "expert_down": 1}
 
 
 def adapter_spec(weight: str, which: str) -> tuple[str | None, ...]:
-    """A LoRA adapter's spec from its weight's: A [in, r] splits its input like the weight's first
-    input dimension, B [r, out] its output like the first output dimension (a flattened N x H
-    splits over heads as [N, H] does); the rank stays whole."""
+    """A LoRA adapter's spec from its weight's: A [batch..., in, r] splits its input like the
+    weight's first input dimension, B [batch..., r, out] its output like the first output dimension
+    (a flattened N x H splits over heads as [N, H] does); batch dimensions (the experts' E) split as
+    the weight's do; the rank stays whole. expert_gate ("tensor", "fsdp", None): A ("tensor", "fsdp",
+    None), B ("tensor", None, None)."""
     spec = SHARDING[weight]
-    return (spec[0], None) if which == "lora_a" else (None, spec[IN_DIMS[weight]])
+    nb = BATCH_DIMS.get(weight, 0)
+    batch = tuple(spec[:nb])
+    return batch + (spec[nb], None) if which == "lora_a" else batch + (None, spec[nb + IN_DIMS[weight]])
 
 
 def partition_specs(params):

@@ -33,6 +33,7 @@ class Policy:
     base_dtype: Any = None  # adapters: the frozen base's dtype after an SFT warm-up (None: as it is)
     base_in_checkpoint: bool = False  # adapters: the SFT warm-up changed the base, so checkpoints hold it
     alpha: float = 0.0  # adapters: lora.alpha, for the PEFT export
+    export_peft: bool = True  # adapters: the export writes them as peft does too (train.export_peft)
 
     @property
     def trains_adapters(self) -> bool:
@@ -142,7 +143,7 @@ class Policy:
     def export_trees(self, state, all_rows: Callable) -> dict:
         """The trees an export writes beside the full params, gathered whole with `all_rows` (every
         process joins): the adapters, and the base when the warm-up changed it."""
-        if self.adapters is None:
+        if self.adapters is None or not self.export_peft:
             return {}
         trees = {"adapters": all_rows(state.params)}
         if self.base_in_checkpoint:
@@ -152,7 +153,7 @@ class Policy:
     def write_export(self, trees: dict, local: str, save: Callable, *, source: str | None, run_dir) -> None:
         """Writes `export_trees`' adapters as peft does under local/peft (with local/peft/base, the
         base they apply to, when the warm-up changed it); `save(tree, dir)` writes full params."""
-        if "adapters" not in trees:
+        if "adapters" not in trees or not self.export_peft:
             return
         peft_dir = os.path.join(local, "peft")
         base_model = source
@@ -202,7 +203,7 @@ def build(config: config_lib.Config, mesh, params, *, abstract: bool = False) ->
     adapters = realize(jax.jit(init, out_shardings=sharding.param_shardings(mesh, jax.eval_shape(init))))
     merge_fn = sharding.MeshJit(jax.jit(spec.model_params, out_shardings=sharding.param_shardings(mesh, base)), mesh)
     policy = Policy(adapters=spec, merge_fn=merge_fn, base_dtype=base_dtype, base_in_checkpoint=config.sft.steps > 0,
-                    alpha=config.lora.alpha)
+                    alpha=config.lora.alpha, export_peft=config.train.export_peft)
     return policy, adapters, base
 
 
