@@ -216,14 +216,11 @@ def one_expert_checkpoint(tmp_path):
     return write_one_expert_checkpoint(tmp_path / "moe")
 
 
-def run_skewed(run_dir, hf_path, replay: str, monkeypatch, steps: int = 2, mesh=None, **grpo):
+def run_skewed(run_dir, hf_path, replay: str, monkeypatch, steps: int = 2, **grpo):
     """`train.run` of SevensTask on the checkpoint, its sampler's router skewed (`SkewedEngine`)."""
-    from grpo_jax.config import MeshSection
-
     build = run_context.build_sampler
     monkeypatch.setattr(run_context, "build_sampler", lambda *a, **k: SkewedEngine(build(*a, **k), 0.5))
     config = Config(
-        mesh=mesh or MeshSection(),
         model=ModelSection(hf_path=hf_path, tokenizer="char:0123456789+="),
         sampling=SamplingSection(max_new_tokens=4, engine="static"),
         grpo=GRPOSection(prompts_per_step=2, num_generations=4, **grpo),
@@ -266,15 +263,39 @@ def test_a_short_run_with_replay_finishes_with_its_metrics(tmp_path, one_expert_
     assert np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])
 
 
-def test_prompts_padded_to_a_wider_round_pad_their_experts_alike():
-    # Dynamic sampling joins rounds whose prompts were bucketed to other widths: tokens are left
-    # padded, and the experts' slots (axis 1, prompt first) by the same number of columns.
+def test_rounds_of_other_prompt_widths_pad_their_experts_as_their_prompts():
+    # Dynamic sampling joins rounds whose prompts were bucketed to other widths (3 and 5 here, C = 2,
+    # G = 2, one group per round): prompts are left padded to 5, and each row's experts (prompt slots
+    # first, axis 1) by the same 2 slots, so slot j's experts stay those of token slot j.
+    import types
+
     from grpo_jax.training import phases
 
-    experts = np.arange(2 * 5 * 2 * 1).reshape(2, 5, 2, 1).astype(np.int32) + 1  # P = 3, C = 2
-    padded = phases._pad_left(experts, 5 + 2, 0)  # to P = 5
-    assert padded.shape == (2, 7, 2, 1)
-    assert (padded[:, :2] == 0).all() and np.array_equal(padded[:, 2:], experts)
+    def round_of(width, first_token):
+        rows, slots = 2, width + 2
+        tokens = np.arange(first_token, first_token + rows * slots).reshape(rows, slots).astype(np.int32)
+        arrays = {"prompt_tokens": tokens[:, :width], "prompt_mask": np.ones((rows, width), np.int32),
+                  "tokens": tokens[:, width:], "mask": np.ones((rows, 2), np.int32),
+                  "tool_mask": np.ones((rows, 2), np.int32), "logprobs": np.zeros((rows, 2), np.float32),
+                  # One sparse layer, K = 1: each slot's "expert" is its token id, to follow it.
+                  "experts": tokens[:, :, None, None]}
+        ro = types.SimpleNamespace(completions=["", ""], prompts=["", ""], examples=[{}, {}], reward_extra={},
+                                   reward_metrics={}, reward_seconds=0.0)
+        return ro, {"rewards": np.zeros(2, np.float32), "zeroed": np.zeros(2, bool), "parts": {},
+                    "lengths": np.full(2, 2), "truncated": np.zeros(2, bool), "arrays": arrays}
+
+    config = types.SimpleNamespace(grpo=types.SimpleNamespace(num_generations=2, prompts_per_step=1),
+                                   train=types.SimpleNamespace(samples_every=0))
+    ctx = types.SimpleNamespace(config=config, tokenizer=types.SimpleNamespace(pad_id=0),
+                                processes=types.SimpleNamespace(prompt_slice=lambda n: slice(0, n)))
+    batch = phases._chosen_batch(ctx, 1, [round_of(3, 100), round_of(5, 200)], [0, 1], np.zeros(4, np.float32),
+                                 0.0, 0)
+    a = batch.arrays
+    tokens = np.concatenate([a["prompt_tokens"], a["tokens"]], axis=1)
+    assert a["experts"].shape == (4, 7, 1, 1)
+    real = np.concatenate([a["prompt_mask"], a["mask"]], axis=1) > 0
+    np.testing.assert_array_equal(a["experts"][..., 0, 0][real], tokens[real])  # every real slot: its own token's
+    assert (a["experts"][:2, :2] == 0).all() and not real[:2, :2].any()  # the 2 pad slots of round 0
 
 
 @pytest.mark.slow  # ~50 s on a 2-core CPU
