@@ -77,6 +77,7 @@ def test_replay_gives_the_sampler_log_probs_and_the_correction_metrics_show_the_
     real = np.asarray(out.mask_BxC) > 0
     sampler_logp = np.asarray(out.logprobs_BxC)
     assert experts.shape == (8, 8 + C, 2, 1)  # [B, P + C, L_sparse, K], token slots on axis 1 as the tokens'
+    assert experts.dtype == jnp.int16  # rollout.EXPERTS_DTYPE: half the bytes of the sampler's int32
     # The trainer's own router routes some of these tokens elsewhere: the skew is really a routing difference.
     own = np.asarray(step_loss.layer_major(experts))  # [B, L, S, K]
     from grpo_jax.model import moe

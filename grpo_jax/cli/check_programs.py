@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from grpo_jax.distributed import sharding
 from grpo_jax.sampling import sampler as sampler_lib
+from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import run_context
 from grpo_jax.training import step as step_lib
 from grpo_jax.config.batch_plan import BatchPlan
@@ -112,7 +113,8 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
 
     def lower_pass(params):
         if replay:
-            return tr.logprob_fn.replaying.lower(params, tokens, attention, c, _rows((rows, *expert_slots), i32, rows_sh))
+            return tr.logprob_fn.replaying.lower(params, tokens, attention, c,
+                                                 _rows((rows, *expert_slots), rollout_lib.EXPERTS_DTYPE, rows_sh))
         return tr.logprob_fn.jitted.lower(params, tokens, attention, c)
 
     if g.beta > 0:
@@ -126,7 +128,7 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
         completion_mask=_rows((a, m, c), i32, mb_sh), advantages=_rows((a, m), f32, mb_sh),
         old_logp=None if config.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
         ref_logp=per_token if g.beta > 0 else None, **teacher_fields(g, (a, m, c), mb_sh),
-        experts=_rows((a, m, *expert_slots), i32, mb_sh) if replay else None)
+        experts=_rows((a, m, *expert_slots), rollout_lib.EXPERTS_DTYPE, mb_sh) if replay else None)
     programs["update"] = _compile("update", tr.update_fn.lower(state.params, state.opt_state, batch,
                                                                *tr.policy.update_extra_args(state)))
     if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)

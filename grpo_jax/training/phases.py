@@ -36,7 +36,7 @@ from grpo_jax.training.run_context import RunContext, RunState
 from grpo_jax.training.timing import ReadyAt
 
 _ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "tool_mask", "logprobs")
-# Routing replay's per-row array, [B, P + C, L_sparse, K] int32 (`rollout.token_major_experts`).
+# Routing replay's per-row array, [B, P + C, L_sparse, K] int16 (`rollout.token_major_experts`).
 _EXPERTS = "experts"
 
 

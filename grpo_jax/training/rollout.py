@@ -82,11 +82,17 @@ class Rollout:
     episodes: Any = None  # the played episodes (`grpo_jax.training.episode_rollout.EpisodeBatch`), for a task with an environment
 
 
+# The trainer's rows hold expert indices as int16: half of int32's bytes for an array of
+# B x S x L_sparse x K (Qwen3-30B-A3B: 48 x 8 per token slot), and room for 32767 experts (the
+# largest released models have 256). The model casts them back to int32 where it indexes.
+EXPERTS_DTYPE = np.int16
+
+
 def token_major_experts(experts_BxLxSxK: np.ndarray) -> np.ndarray:
-    """The sampler's experts [B, L_sparse, S, K] as the trainer's rows hold them, [B, S, L_sparse, K]:
-    token slots on axis 1 as in `tokens`, so every cut of a row's columns (prompt padding, length
-    buckets) cuts its experts alike. `model.token_logprobs` takes them back layer-major."""
-    return np.ascontiguousarray(np.moveaxis(np.asarray(experts_BxLxSxK, np.int32), 1, 2))
+    """The sampler's experts [B, L_sparse, S, K] as the trainer's rows hold them, [B, S, L_sparse, K]
+    `EXPERTS_DTYPE`: token slots on axis 1 as in `tokens`, so every cut of a row's columns (prompt
+    padding, length buckets) cuts its experts alike. `model.token_logprobs` takes them back layer-major."""
+    return np.ascontiguousarray(np.moveaxis(np.asarray(experts_BxLxSxK), 1, 2).astype(EXPERTS_DTYPE))
 
 
 def dispatch_rollout(

@@ -87,8 +87,9 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
 
 def layer_major(experts_BxSxLxK):
     """Routing replay's experts as the trainer's rows hold them, [B, S, L_sparse, K] (token slots on
-    axis 1, as `tokens`), in `model.token_logprobs`'s layout [B, L_sparse, S, K]; None stays None."""
-    return None if experts_BxSxLxK is None else jnp.moveaxis(experts_BxSxLxK, 1, 2)
+    axis 1, as `tokens`; int16, `rollout.EXPERTS_DTYPE`), in `model.token_logprobs`'s layout
+    [B, L_sparse, S, K] int32; None stays None."""
+    return None if experts_BxSxLxK is None else jnp.moveaxis(experts_BxSxLxK, 1, 2).astype(jnp.int32)
 
 
 def _token_weights(grpo: config_lib.GRPOSection, off_policy: config_lib.OffPolicySection, old_logp_MxC, sampler_logp_MxC, entropy_MxC, mask_MxC):
