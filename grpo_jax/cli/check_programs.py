@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from grpo_jax.distributed import sharding
 from grpo_jax.sampling import sampler as sampler_lib
+from grpo_jax.training import rollout as rollout_lib
 from grpo_jax.training import run_context
 from grpo_jax.training import step as step_lib
 from grpo_jax.config.batch_plan import BatchPlan
@@ -81,7 +82,8 @@ def _sampler_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
     if smp.engine == "continuous" and not smp.decode_slots:  # the target accelerator's auto slots
         smp.decode_slots = target_slots(config, rows, row_devices) * row_devices
     sampling = sampler_lib.SamplingConfig(max_new_tokens=c, temperature=s_cfg.temperature, top_k=s_cfg.top_k,
-                                          top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos)
+                                          top_p=s_cfg.top_p, ignore_eos=s_cfg.ignore_eos,
+                                          record_experts=run_context.replays_routing(config))
     prefill, decode = smp.lower_abstract(decode_copy(st, model_config), prompt_len=prompt_len,
                                          num_prompts=g.prompts_per_step, num_samples=g.num_generations,
                                          sampling=sampling)
@@ -104,19 +106,29 @@ def compiled_programs(config, model_config, mesh, st, *, prompt_len: int, stop_i
                                      pad_id=pad_id)
     tr, state = st.training, st.state
     tokens, attention = _rows((rows, seq), i32, rows_sh), _rows((rows, seq), i32, rows_sh)
+    # Routing replay: the sampler's experts ride with the rows, token-major [B, S, L_sparse, K].
+    replay = run_context.replays_routing(config)
+    sparse = sum(model_config.is_sparse(i) for i in range(model_config.num_layers))
+    expert_slots = (seq, sparse, model_config.num_experts_per_tok)
+
+    def lower_pass(params):
+        if replay:
+            return tr.logprob_fn.replaying.lower(params, tokens, attention, c,
+                                                 _rows((rows, *expert_slots), rollout_lib.EXPERTS_DTYPE, rows_sh))
+        return tr.logprob_fn.jitted.lower(params, tokens, attention, c)
+
     if g.beta > 0:
-        programs["logprobs_ref"] = _compile("logprobs_ref", tr.logprob_fn.jitted.lower(
-            tr.policy.reference(state), tokens, attention, c))
+        programs["logprobs_ref"] = _compile("logprobs_ref", lower_pass(tr.policy.reference(state)))
     if config.resolved_old_logprobs() == "recompute":
-        programs["logprobs_policy"] = _compile("logprobs_policy", tr.logprob_fn.jitted.lower(
-            tr.policy.abstract_full_params(state), tokens, attention, c))
+        programs["logprobs_policy"] = _compile("logprobs_policy", lower_pass(tr.policy.abstract_full_params(state)))
     a, mb_sh = g.grad_accum_steps, sharding.batch_sharding(mesh, row_axis=1)
     per_token = _rows((a, m, c), f32, mb_sh)
     batch = step_lib.UpdateBatch(
         tokens=_rows((a, m, seq), i32, mb_sh), attention=_rows((a, m, seq), i32, mb_sh),
         completion_mask=_rows((a, m, c), i32, mb_sh), advantages=_rows((a, m), f32, mb_sh),
         old_logp=None if config.resolved_old_logprobs() == "in_loss" else per_token, sampler_logp=per_token,
-        ref_logp=per_token if g.beta > 0 else None, **teacher_fields(g, (a, m, c), mb_sh))
+        ref_logp=per_token if g.beta > 0 else None, **teacher_fields(g, (a, m, c), mb_sh),
+        experts=_rows((a, m, *expert_slots), rollout_lib.EXPERTS_DTYPE, mb_sh) if replay else None)
     programs["update"] = _compile("update", tr.update_fn.lower(state.params, state.opt_state, batch,
                                                                *tr.policy.update_extra_args(state)))
     if st.teacher is not None:  # the teacher's pass over the step's rows (its own shape and layout)

@@ -1,7 +1,8 @@
 """The `off_policy` section: everything about batches sampled by other params or another engine
 than the ones that train on them. Asynchronous rollouts (`max_staleness`), the sampler's own
 devices (`rollout_devices`), the per-token correction for a sampler/trainer mismatch (TRL's
-`vllm_importance_sampling_*` names and defaults) and where pi_old comes from (`old_logprobs`)."""
+`vllm_importance_sampling_*` names and defaults), where pi_old comes from (`old_logprobs`), and
+routing replay for mixture-of-experts models (`router_replay`, verl's `router_replay.mode`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ class OffPolicySection:
     # inside the loss when each batch gets one update, else a separate pass: "recompute"), the
     # sampler's when it is off. "sampler" takes the sampler's as pi_old (no correction possible).
     old_logprobs: Literal["auto", "sampler", "recompute"] = "auto"
+    # Routing replay (MoE models; verl's `router_replay.mode`, NeMo-RL's `router_replay.enabled`):
+    # "R3" (rollout routing replay) records the experts the sampler chose for every token and makes
+    # every trainer pass use them instead of its router's top-k: the pi_old pass, the reference
+    # pass and every update micro-batch (the mixing weights stay the current router's
+    # probabilities at those experts, so the router still trains). Sampler and trainer then differ
+    # only in numerics, never in which experts ran. Needs the static engine (the one that records).
+    # "R2" (replaying the pi_old pass's routing in the update) is not implemented; "disabled": each
+    # pass routes by its own top-k.
+    router_replay: Literal["disabled", "R2", "R3"] = "disabled"
 
     def resolved_old_logprobs(self, updates_per_batch: int) -> Literal["sampler", "recompute", "in_loss"]:
         """Where pi_old comes from: the sampler's log-probs, a separate trainer pass over the batch
@@ -60,6 +70,11 @@ class OffPolicySection:
                 "off_policy.old_logprobs='sampler' with off_policy.vllm_importance_sampling_correction=True: the "
                 "correction weighs each token by pi_old / pi_sampler, which is 1 when pi_old is the sampler's. "
                 "Use off_policy.old_logprobs='auto' (the trainer's pi_old) or turn the correction off")
+        if self.router_replay == "R2":
+            raise ConfigError(
+                "off_policy.router_replay='R2' (replaying the pi_old pass's routing in the update) is not "
+                "implemented; 'R3' replays the sampler's routing in the pi_old pass, the reference pass and the "
+                "update, or use 'disabled'")
         if self.rollout_devices and self.max_staleness == 0:
             raise ConfigError(
                 f"off_policy.rollout_devices={self.rollout_devices} needs off_policy.max_staleness >= 1: synchronous "

@@ -60,6 +60,7 @@ def validate(config: Config) -> None:
             f"off_policy.max_staleness={config.off_policy.max_staleness} with sampling.engine=vllm: asynchronous "
             "rollouts on a vLLM engine are not supported yet (an in-process engine crashed when synced from the "
             "rollout thread); set off_policy.max_staleness=0")
+    _check_router_replay(config)
     if config.task.turn_rewards == "process" and config.grpo.adv_estimator != "grpo":
         raise ConfigError(
             f"task.turn_rewards='process' with grpo.adv_estimator={config.grpo.adv_estimator!r}: per-turn rewards "
@@ -93,6 +94,27 @@ def _refuse_adapters_peft_cannot_hold(config: Config) -> None:
             f"lora.target_modules={list(config.lora.target_modules)} adapts {bad} with sampling.engine=vllm: the "
             "engine takes adapters as a peft LoRA directory, which has no module for them; use another "
             "sampling.engine or leave them out of lora.target_modules")
+
+
+def _check_router_replay(config: Config) -> None:
+    """Routing replay needs a sampler that records each token's experts: the static engine on
+    single answers. (Whether the model has experts at all is known once it is loaded:
+    `training.run_context.check_router_replay`.)"""
+    if config.off_policy.router_replay == "disabled":
+        return
+    mode, engine = config.off_policy.router_replay, config.sampling.resolved_engine()
+    if engine != "static":
+        auto = f" (sampling.engine='auto' picks {engine!r} for sampling.max_new_tokens=" \
+               f"{config.sampling.max_new_tokens})" if config.sampling.engine == "auto" else ""
+        raise ConfigError(
+            f"off_policy.router_replay={mode!r} with sampling.engine={config.sampling.engine!r}{auto}: only the "
+            "static engine records the experts each token was routed to; set sampling.engine='static' or "
+            "off_policy.router_replay='disabled'")
+    if config.task.environment or config.task.tools:
+        field = "task.environment" if config.task.environment else "task.tools"
+        raise ConfigError(
+            f"off_policy.router_replay={mode!r} with {field} set: an episode's turns are separate sampler calls "
+            "whose experts are not stitched together yet; set off_policy.router_replay='disabled'")
 
 
 def validate_for_devices(config: Config, num_devices: int, num_processes: int = 1, backend: str = "", *,

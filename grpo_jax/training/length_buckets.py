@@ -192,8 +192,9 @@ def make_bucketing(mode: str, graphdef, tx, grpo, temperature: float, *, mesh, p
 
 @functools.cache
 def _take_fn(mesh, drop: int):
-    """Jitted: rows `row_index` of every [B, ...] array of a tree, the last `drop` columns of each
-    2-D one cut (tokens [B, P + C] -> [R, P + L], completion arrays [B, C] -> [R, L])."""
+    """Jitted: rows `row_index` of every [B, ...] array of a tree, the last `drop` columns (axis 1)
+    of each one of 2 or more axes cut (tokens [B, P + C] -> [R, P + L], completion arrays [B, C]
+    -> [R, L], routing replay's experts [B, P + C, L_sparse, K] -> [R, P + L, L_sparse, K])."""
 
     def take(tree, row_index):
         return jax.tree.map(lambda x: x[row_index] if x.ndim == 1 else x[row_index, : x.shape[1] - drop], tree)
@@ -228,14 +229,18 @@ def _scatter_fn(mesh):
     return jax.jit(put, donate_argnums=0, out_shardings=sharding.batch_sharding(mesh))
 
 
-def logprobs(logprob_fn, params, tokens_BxS, attention_BxS, chunks: list[Chunk], *, num_targets: int, mesh):
+def logprobs(logprob_fn, params, tokens_BxS, attention_BxS, chunks: list[Chunk], *, num_targets: int, mesh,
+             experts=None):
     """logp_BxC float32 of `logprob_fn` (a `step.make_logprob_fn`) run chunk by chunk, in the
     batch's row order: each row's first `length` columns of its chunk, 0 beyond them (columns the
-    loss does not read: `needed_lengths`)."""
+    loss does not read: `needed_lengths`). `experts` [B, S, L_sparse, K] (routing replay): cut
+    with the tokens (their slots are axis 1 too) and replayed."""
     out = _zeros_fn(mesh, (tokens_BxS.shape[0], num_targets))()
     for chunk in chunks:
-        tokens, attention = take((tokens_BxS, attention_BxS), chunk, num_targets, mesh)
-        out = _scatter_fn(mesh)(out, chunk.rows, logprob_fn(params, tokens, attention, num_targets=chunk.length))
+        tokens, attention, chunk_experts = take((tokens_BxS, attention_BxS, experts), chunk, num_targets, mesh)
+        replay = {} if chunk_experts is None else {"experts": chunk_experts}
+        out = _scatter_fn(mesh)(out, chunk.rows, logprob_fn(params, tokens, attention, num_targets=chunk.length,
+                                                            **replay))
     return out
 
 

@@ -36,13 +36,22 @@ from grpo_jax.training.run_context import RunContext, RunState
 from grpo_jax.training.timing import ReadyAt
 
 _ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "tool_mask", "logprobs")
+# Routing replay's per-row array, [B, P + C, L_sparse, K] int16 (`rollout.token_major_experts`).
+_EXPERTS = "experts"
+
+
+def _row_names(arrays: dict) -> tuple[str, ...]:
+    """The per-row arrays a rollout carries: `_ROW_ARRAYS`, and the experts when it recorded them."""
+    return _ROW_ARRAYS + ((_EXPERTS,) if _EXPERTS in arrays else ())
 
 
 @dataclasses.dataclass
 class StepBatch:
     """Every row of one step's batch, host numpy, B = prompts_per_step * G rows in groups of G."""
 
-    arrays: dict[str, np.ndarray]  # prompt_tokens/prompt_mask [B, P], tokens/mask/tool_mask/logprobs [B, C]
+    # prompt_tokens/prompt_mask [B, P], tokens/mask/tool_mask/logprobs [B, C]; with routing replay
+    # experts [B, P + C, L_sparse, K].
+    arrays: dict[str, np.ndarray]
     rewards: np.ndarray  # [B] float32 after the truncation rule; NaN where no reward function applied
     reward_parts: dict[str, np.ndarray]  # name -> [B], each function's own values
     lengths: np.ndarray  # [B] completion tokens, EOS included
@@ -103,9 +112,10 @@ def wait_for_tokens(pending) -> float:
 
 
 def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
+    """`x` [B, W, ...] with columns of `value` put before its first, to `width` columns."""
     if x.shape[1] == width:
         return x
-    return np.concatenate([np.full((x.shape[0], width - x.shape[1]), value, x.dtype), x], axis=1)
+    return np.concatenate([np.full((x.shape[0], width - x.shape[1]) + x.shape[2:], value, x.dtype), x], axis=1)
 
 
 def select_groups(rewards: np.ndarray, group_size: int, num_groups: int, dynamic: bool) -> tuple[list[int], int]:
@@ -153,7 +163,7 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
             "parts": {name: processes.gather(v) for name, v in ro.reward_parts.items()},
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
-            "arrays": {name: processes.gather(ro.arrays[name]) for name in _ROW_ARRAYS},
+            "arrays": {name: processes.gather(ro.arrays[name]) for name in _row_names(ro.arrays)},
             **_gathered_episodes(processes, ro.episodes, ctx.config.task.max_turns),
         }))
         all_rewards = np.concatenate([r["rewards"] for _, r in rounds])
@@ -183,12 +193,15 @@ def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], a
     row_index = np.concatenate([np.arange(c * G, (c + 1) * G) for c in chosen])
     width = max(r["arrays"]["prompt_tokens"].shape[1] for _, r in rounds)
     pad = {"prompt_tokens": ctx.tokenizer.pad_id, "prompt_mask": 0}
-    arrays = {
-        name: np.concatenate(
-            [_pad_left(r["arrays"][name], width, pad[name]) if name in pad else r["arrays"][name] for _, r in rounds]
-        )[row_index]
-        for name in _ROW_ARRAYS
-    }
+
+    def padded(name, round_arrays):
+        a = round_arrays[name]
+        if name == _EXPERTS:  # prompt slots first: left-padded as the prompt is (expert 0 on padding)
+            return _pad_left(a, a.shape[1] + width - round_arrays["prompt_tokens"].shape[1], 0)
+        return _pad_left(a, width, pad[name]) if name in pad else a
+
+    arrays = {name: np.concatenate([padded(name, r["arrays"]) for _, r in rounds])[row_index]
+              for name in _row_names(rounds[0][1]["arrays"])}
 
     def pick(field):
         return np.concatenate([r[field] for _, r in rounds])[row_index]
@@ -318,17 +331,29 @@ def turn_advantages(batch: StepBatch, group_size: int, eps: float) -> np.ndarray
                                                  group_size, batch.arrays["tokens"].shape[1], eps=eps), np.float32)
 
 
+def _replays(ctx: RunContext) -> bool:
+    """Whether the trainer's passes replay the sampler's routing (`off_policy.router_replay`)."""
+    return ctx.config.off_policy.router_replay == "R3"
+
+
 def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, completion_mask: np.ndarray) -> dict:
     """The batch as global arrays with rows over the batch axes ("data", "fsdp", "expert"): each device receives its rows;
     and "completion_lengths", host ints [B] (the columns the loss reads per row), which length
-    bucketing plans from without a device round trip (every process holds every row)."""
+    bucketing plans from without a device round trip (every process holds every row). With
+    routing replay also "experts" [B, P + C, L_sparse, K], the experts the sampler routed each
+    token to, which every log-prob pass and the update replay."""
     a = batch.arrays
+    if _replays(ctx) and _EXPERTS not in a:
+        raise ValueError(
+            "off_policy.router_replay='R3' but the rollout carries no experts: the sampling engine did not record "
+            "them (a task played as episodes, or an engine other than the static one)")
     rows = ctx.processes.to_global({
         "tokens": np.concatenate([a["prompt_tokens"], a["tokens"]], axis=1).astype(np.int32),
         "attention": np.concatenate([a["prompt_mask"], a["mask"]], axis=1).astype(np.int32),
         "completion_mask": completion_mask.astype(np.int32),
         "advantages": advantages.astype(np.float32),
         "sampler_logp": a["logprobs"].astype(np.float32),
+        **({_EXPERTS: a[_EXPERTS]} if _replays(ctx) else {}),
     })
     rows["completion_lengths"] = length_buckets.needed_lengths(completion_mask)
     return rows
@@ -339,7 +364,8 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict):
     global arrays; dispatched, not waited for. With a distillation teacher (`ctx.teacher`), its pass's arrays are added to `rows`.
 
     pi_old (`Config.resolved_old_logprobs`): the sampler's log-probs, a pass of the policy
-    over the batch ("recompute"), or None ("in_loss": the loss reads its own). Length-bucketed
+    over the batch ("recompute"), or None ("in_loss": the loss reads its own). With routing
+    replay (`rows["experts"]`) both passes use the sampler's experts. Length-bucketed
     (`ctx.bucketing`), the passes run over length-sorted chunks of rows and their results are put
     back in row order, 0 in the columns the loss does not read."""
     num_targets = rows["completion_mask"].shape[1]
@@ -348,11 +374,14 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict):
         chunks = ctx.bucketing.logprob_chunks(rows["completion_lengths"], max_len=num_targets,
                                               prompt_len=rows["tokens"].shape[1] - num_targets)
 
+    experts = rows.get(_EXPERTS)  # routing replay: the sampler's experts, in every pass
+
     def pass_over_rows(params):
         if chunks is None:
-            return ctx.logprob_fn(params, rows["tokens"], rows["attention"], num_targets=num_targets)
+            return ctx.logprob_fn(params, rows["tokens"], rows["attention"], num_targets=num_targets,
+                                  **({} if experts is None else {"experts": experts}))
         return length_buckets.logprobs(ctx.bucketing.logprob_fn, params, rows["tokens"], rows["attention"],
-                                       chunks, num_targets=num_targets, mesh=ctx.mesh)
+                                       chunks, num_targets=num_targets, mesh=ctx.mesh, experts=experts)
 
     ref_logp = pass_over_rows(ctx.reference_params(state)) if ctx.uses_reference else None
     teacher = {}
@@ -386,6 +415,7 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, ste
         teacher_logp=rows.get("teacher_logp"),
         teacher_topk_logp=rows.get("teacher_topk_logp"),
         teacher_topk_ids=rows.get("teacher_topk_ids"),
+        experts=rows.get(_EXPERTS),
     )
     n_rows, num_targets = rows["completion_mask"].shape
     prompt_len = rows["tokens"].shape[1] - num_targets

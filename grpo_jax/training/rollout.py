@@ -73,12 +73,26 @@ class Rollout:
     # prompt_tokens [R, P], prompt_mask [R, P], tokens, mask, tool_mask, logprobs [R, C]. mask: every
     # token after the prompt (what the update attends to); tool_mask: the model's own tokens (what it
     # trains on), equal to mask for single answers and 0 on an environment's tokens in episodes.
+    # With routing replay also experts [R, P + C, L_sparse, K] int32 (`token_major_experts`).
     arrays: dict[str, np.ndarray]
     tokens_ready_at: float  # time.perf_counter() when the samples were on the host
     reward_seconds: float = 0.0  # host time spent in the reward functions
     reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # TRL's log_metric, averaged
     reward_extra: dict[str, list] = dataclasses.field(default_factory=dict)  # TRL's log_extra, one per row
     episodes: Any = None  # the played episodes (`grpo_jax.training.episode_rollout.EpisodeBatch`), for a task with an environment
+
+
+# The trainer's rows hold expert indices as int16: half of int32's bytes for an array of
+# B x S x L_sparse x K (Qwen3-30B-A3B: 48 x 8 per token slot), and room for 32767 experts (the
+# largest released models have 256). The model casts them back to int32 where it indexes.
+EXPERTS_DTYPE = np.int16
+
+
+def token_major_experts(experts_BxLxSxK: np.ndarray) -> np.ndarray:
+    """The sampler's experts [B, L_sparse, S, K] as the trainer's rows hold them, [B, S, L_sparse, K]
+    `EXPERTS_DTYPE`: token slots on axis 1 as in `tokens`, so every cut of a row's columns (prompt
+    padding, length buckets) cuts its experts alike. `model.token_logprobs` takes them back layer-major."""
+    return np.ascontiguousarray(np.moveaxis(np.asarray(experts_BxLxSxK), 1, 2).astype(EXPERTS_DTYPE))
 
 
 def dispatch_rollout(
@@ -134,6 +148,8 @@ def score_rollout(pending: PendingRollout, tokenizer, task, *, step: int, pool=N
         "mask": sharding.process_rows(sample.mask_BxC),
         "logprobs": sharding.process_rows(sample.logprobs_BxC),
     }
+    if sample.experts_BxLxSxK is not None:  # routing replay (off_policy.router_replay="R3")
+        arrays["experts"] = token_major_experts(sharding.process_rows(sample.experts_BxLxSxK))
     truncated = sharding.process_rows(sample.truncated_B).astype(bool)
     tokens_ready_at = time.perf_counter()
     lengths = arrays["mask"].sum(axis=1).astype(np.int32)

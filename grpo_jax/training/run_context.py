@@ -194,6 +194,22 @@ def log_attention(model_config: model_lib.ModelConfig) -> None:
                                                    head_dim=c.head_dim), c.remat_policy, windows)
 
 
+def replays_routing(config: config_lib.Config) -> bool:
+    """Whether the trainer replays the sampler's routing (`off_policy.router_replay="R3"`): the
+    rollout then records each token's experts and every trainer pass uses them."""
+    return config.off_policy.router_replay == "R3"
+
+
+def check_router_replay(config: config_lib.Config, model_config: model_lib.ModelConfig) -> None:
+    """Routing replay needs a model with experts; known only once the model is loaded (the
+    engine's rules are `config.validate`'s)."""
+    if config.off_policy.router_replay != "disabled" and not model_config.num_experts:
+        where = f"model.hf_path={config.model.hf_path!r}" if config.model.hf_path else "a fresh model from model.*"
+        raise config_lib.ConfigError(
+            f"off_policy.router_replay={config.off_policy.router_replay!r} on a dense model ({where} has "
+            "num_experts=0): there is no routing to replay; set off_policy.router_replay='disabled'")
+
+
 def check_vocab(model_vocab: int, tokenizer, where: str, m: config_lib.ModelSection) -> None:
     """At start-up, not at the first evaluation inside the sampler: every id the tokenizer can
     produce (its vocabulary, its stop and pad ids) must be a row of the model's embedding."""
@@ -385,6 +401,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
     check_batch_fits_mesh(config, mesh)
     model_config, graphdef, params = build_model(config, tokenizer, mesh)
     config.mesh.check_model(model_config.num_experts)
+    check_router_replay(config, model_config)
     sampler = build_sampler(config, graphdef, model_config, tokenizer, mesh, params)
     teacher = teacher_lib.load(config, tokenizer, mesh, model_config.vocab_size)
     # What trains: every weight, or adapters over a frozen base (grpo_jax.training.policy).
@@ -410,6 +427,7 @@ def build(config: config_lib.Config, *, task=None, tokenizer=None) -> tuple[RunC
             top_k=s_cfg.top_k,
             top_p=s_cfg.top_p,
             ignore_eos=s_cfg.ignore_eos,
+            record_experts=replays_routing(config),
         ),
         tx=tr.tx,
         schedule=tr.schedule,

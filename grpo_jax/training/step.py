@@ -288,7 +288,9 @@ def make_logprob_fn(
     group_size: int = 1,
     row_chunks: int = 1,
 ):
-    """Jitted `logprobs(params, tokens_BxS, attention_BxS, *, num_targets) -> logp_BxC` (float32).
+    """Jitted `logprobs(params, tokens_BxS, attention_BxS, *, num_targets, experts=None) -> logp_BxC`
+    (float32). `experts` [B, S, L_sparse, K] int32 (routing replay, `UpdateBatch.experts`' layout):
+    each token runs through these experts instead of its routers' top-k.
 
     params are upcast to `compute_dtype` (a bf16 reference computes in float32). With `mesh` (and
     `params`, any tree with the policy's structure, for its shardings), the rows of tokens,
@@ -300,14 +302,15 @@ def make_logprob_fn(
     rows and each chunk has an equal share of them on every device.
     """
 
-    def one_pass(params, tokens, attention, num_targets):
+    def one_pass(params, tokens, attention, experts, num_targets):
         return model_lib.token_logprobs(graphdef, params, tokens, attention, num_targets=num_targets,
-                                        temperature=temperature, group_size=group_size)
+                                        temperature=temperature, group_size=group_size,
+                                        expert_indices_BxLxSxK=step_loss.layer_major(experts))
 
-    def logprobs(params, tokens, attention, num_targets):
+    def logprobs(params, tokens, attention, num_targets, experts=None):
         params = as_dtype(params, compute_dtype)
         if row_chunks == 1:
-            return one_pass(params, tokens, attention, num_targets)
+            return one_pass(params, tokens, attention, experts, num_targets)
         rows, unit = tokens.shape[0], group_size
 
         def to_chunks(x):  # [B, ...] -> [A, B / A, ...], whole groups, strided
@@ -316,31 +319,34 @@ def make_logprob_fn(
 
         # params ride along as the scan's carry rather than as a closure: under `model.remat` nnx
         # would otherwise see weights from the enclosing trace inside the loop body (TraceContextError).
+        chunked_experts = None if experts is None else to_chunks(experts)
         _, out = jax.lax.scan(lambda p, ta: (p, one_pass(p, *ta, num_targets)), params,
-                              (to_chunks(tokens), to_chunks(attention)))
+                              (to_chunks(tokens), to_chunks(attention), chunked_experts))
         out = out.reshape((row_chunks, rows // (unit * row_chunks), unit, num_targets)).swapaxes(0, 1)
         return out.reshape(rows, num_targets)
 
     if mesh is None:
-        jitted = jax.jit(logprobs, static_argnums=3)
+        jitted = replaying = jax.jit(logprobs, static_argnums=3)
     else:
         if params is None:
             raise ValueError("make_logprob_fn: a mesh needs `params` (for the weights' shardings)")
         rows = sharding.batch_sharding(mesh)
-        jitted = sharding.MeshJit(
-            jax.jit(
-                logprobs,
-                static_argnums=3,
-                in_shardings=(sharding.param_shardings(mesh, params), rows, rows),
-                out_shardings=rows,
-            ),
-            mesh,
-        )
 
-    def call(params, tokens, attention, *, num_targets: int):
-        return jitted(params, tokens, attention, num_targets)
+        def on_mesh(*row_args):  # jit's in_shardings name every positional argument passed
+            return sharding.MeshJit(jax.jit(logprobs, static_argnums=3, out_shardings=rows,
+                                            in_shardings=(sharding.param_shardings(mesh, params), rows, rows,
+                                                          *row_args)), mesh)
+
+        # experts (routing replay) [B, S, L, K]: rows over the mesh like the tokens.
+        jitted, replaying = on_mesh(), on_mesh(rows)
+
+    def call(params, tokens, attention, *, num_targets: int, experts=None):
+        if experts is None:
+            return jitted(params, tokens, attention, num_targets)
+        return replaying(params, tokens, attention, num_targets, experts)
 
     call.jitted = jitted  # for inspecting the compiled program: call.jitted.lower(..., num_targets)
+    call.replaying = replaying  # the same with experts: call.replaying.lower(..., num_targets, experts)
     return call
 
 

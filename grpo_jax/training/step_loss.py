@@ -28,7 +28,9 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
     [M, ...]: its share of the whole batch's loss (`normalizer` is the whole batch's), and its
     metrics. `params` are what trains: the model's params, or (with `model_params_fn`, the
     policy's merge: `grpo_jax.training.policy`) adapters merged into `frozen` inside the loss.
-    `off_policy`: the sampler correction's settings."""
+    `off_policy`: the sampler correction's settings. A micro-batch with `experts` (routing
+    replay) routes each token to them: the router's gradient then comes from its probabilities
+    at those experts (the mixing weights), not from which experts it would pick."""
 
     loss_type, aggregation, ratio = grpo.resolved_loss()
 
@@ -44,6 +46,7 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
             return_entropy=True,
             group_size=group_size,
             gather_ids_BxCxK=mb.teacher_topk_ids,
+            expert_indices_BxLxSxK=layer_major(mb.experts),
         )
         student_topk_logp = None
         if mb.teacher_topk_ids is not None:
@@ -80,6 +83,13 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
         return loss, (metrics, num_tokens)
 
     return loss_fn
+
+
+def layer_major(experts_BxSxLxK):
+    """Routing replay's experts as the trainer's rows hold them, [B, S, L_sparse, K] (token slots on
+    axis 1, as `tokens`; int16, `rollout.EXPERTS_DTYPE`), in `model.token_logprobs`'s layout
+    [B, L_sparse, S, K] int32; None stays None."""
+    return None if experts_BxSxLxK is None else jnp.moveaxis(experts_BxSxLxK, 1, 2).astype(jnp.int32)
 
 
 def _token_weights(grpo: config_lib.GRPOSection, off_policy: config_lib.OffPolicySection, old_logp_MxC, sampler_logp_MxC, entropy_MxC, mask_MxC):

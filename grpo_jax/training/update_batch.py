@@ -27,6 +27,10 @@ class UpdateBatch:
     teacher_logp: jax.Array | None = None
     teacher_topk_logp: jax.Array | None = None
     teacher_topk_ids: jax.Array | None = None
+    # Routing replay (off_policy.router_replay="R3"): the experts the sampler routed each token slot
+    # to, [A, M, P+C, L_sparse, K] int16, token slots on the same axis as `tokens` so every cut of the
+    # columns cuts them alike; the loss's forward uses them instead of its routers' top-k. None: off.
+    experts: jax.Array | None = None
 
 
 jax.tree_util.register_dataclass(
