@@ -137,7 +137,7 @@ def chunked_gradient(ctx, params, host, mesh, *, own_normalizer: bool):
         mb = length_buckets.take(full, chunk, C, mesh)
         normalizer = losses.loss_normalizer(mb.completion_mask, aggregation, max_len=C) if own_normalizer \
             else batch_normalizer
-        grads, _, _ = fns.accumulate(params, grads, mb, normalizer)
+        grads, _, _ = fns.accumulate(params, grads, mb, normalizer, 1.0)  # router_tokens: dense model, unused
     return jax.tree.map(np.asarray, grads), chunks
 
 

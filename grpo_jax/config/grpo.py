@@ -24,6 +24,11 @@ class GRPOSection:
     eps_low: float = 0.2
     eps_high: float | None = None  # DAPO clip-higher; None: eps_low
     beta: float = 0.0  # KL weight; 0 skips the reference forward entirely
+    # Mixture-of-experts models: the routers' load-balancing loss (Switch Transformer's, as transformers
+    # computes it, `grpo_jax.model.moe.load_balancing_loss`) times this is added to the loss. transformers'
+    # name; it adds it only with output_router_logits, at the checkpoint's coefficient (0.001 for
+    # Qwen3-MoE). 0: off (RL recipes usually leave it off: the policy loss alone moves the routers).
+    router_aux_loss_coef: float = 0.0
     kl: Literal["k1", "k2", "k3"] = "k3"
     # The policy objective (grpo_jax.core.objectives): TRL's loss_type names where TRL has the family, verl's
     # loss_mode names otherwise. None: PPO's clipped term aggregated by `aggregation` (the seed's).
@@ -115,7 +120,8 @@ class GRPOSection:
         """Types, ranges and the rules between this section's fields; ConfigError naming the key."""
         check_fields(self)
         positive(self, "prompts_per_step", "num_iterations", "num_minibatches", "grad_accum_steps")
-        nonnegative(self, "beta", "eps_low", "ref_resync_every", "advantage_eps", "max_resample_rounds")
+        nonnegative(self, "beta", "eps_low", "ref_resync_every", "advantage_eps", "max_resample_rounds",
+                    "router_aux_loss_coef")
         if self.ref_resync_every and self.beta == 0:
             raise ConfigError(
                 f"grpo.ref_resync_every={self.ref_resync_every} does nothing with grpo.beta=0: no reference model "

@@ -36,7 +36,7 @@ def _target_logprobs(logits_BxCxV, targets_BxC, temperature, return_entropy, ids
 def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targets: int,
                    temperature: float = 1.0, return_entropy: bool = False,
                    chunk_size: int | None = None, group_size: int = 1, gather_ids_BxCxK=None,
-                   expert_indices_BxLxSxK=None):
+                   expert_indices_BxLxSxK=None, return_routing: bool = False):
     """log softmax(logits / temperature)[token t] given tokens[:, :t], for t in [S - C, S).
 
     Returns logp_BxC float32 (C = num_targets), or (logp_BxC, entropy_BxC) with
@@ -58,6 +58,10 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
     expert_indices_BxLxSxK (int32, MoE models, optional): routing replay, sparse layer l uses
     experts [b, l, t] for token t of row b instead of its router's top-k (`grpo_jax.model.moe`),
     e.g. those the sampler recorded (`SampleOutput.experts_BxLxSxK`).
+
+    return_routing (MoE models): the result becomes (result, `moe.Routing`): every sparse layer's
+    router logits and experts used, in the layout the model ran (group_size > 1: shared prompts,
+    weigh its tokens with `moe.routing_token_weights`), for the load-balancing loss.
     """
     b, s = tokens_BxS.shape
     c = num_targets
@@ -70,10 +74,22 @@ def token_logprobs(graphdef, params, tokens_BxS, attention_mask_BxS, *, num_targ
             f"token_logprobs: group_size must be an int >= 1 dividing the {b} rows, got {group_size!r}"
         )
     model = nnx.merge(graphdef, params)
+    recording = moe.start_recording(model) if return_routing else []
     if expert_indices_BxLxSxK is not None:
         moe.replay(model, moe.shared_prompt_layout(expert_indices_BxLxSxK, group_size, c))
     h_BxCxD = _target_hidden_states(model, tokens_BxS, attention_mask_BxS, c, group_size)
-    targets_BxC = tokens_BxS[:, s - c :]
+    result = token_logprobs_from_hidden(model, h_BxCxD, tokens_BxS[:, s - c:], temperature, return_entropy,
+                                        chunk_size, gather_ids_BxCxK)
+    if not return_routing:
+        return result
+    records = [layer.recorded.get_value() for layer in recording]
+    return result, moe.Routing(tuple(r[0] for r in records), tuple(r[1] for r in records))
+
+
+def token_logprobs_from_hidden(model, h_BxCxD, targets_BxC, temperature: float, return_entropy: bool,
+                               chunk_size: int | None, gather_ids_BxCxK):
+    """`token_logprobs`' result from the final hidden states at the C target positions."""
+    b, c = targets_BxC.shape
     v = model.config.vocab_size
     if chunk_size is None:
         chunk_size = c if b * c * v <= _MAX_LOGITS_ELEMENTS else max(1, _MAX_LOGITS_ELEMENTS // (b * v))

@@ -210,6 +210,20 @@ def shared_prompt_layout(experts_BxLxSxK, group_size: int, num_targets: int):
     return jnp.concatenate([grouped[:, :, 0, :p], grouped[:, :, :, p:].reshape(l, n, -1, k)], axis=2)
 
 
+def routing_token_weights(attention_mask_BxS, group_size: int, num_targets: int) -> jax.Array:
+    """Each token's weight in `load_balancing_loss`, in the layout the model ran (`token_logprobs`):
+    the attention mask [B, S] for group_size 1; for G > 1 the shared-prompt layout [B/G, P + G*C]
+    (`shared_prompt_layout`), where each group's prompt, run once, weighs G (its G rows' copies),
+    so the loss is the one over every row's tokens."""
+    mask_BxS = attention_mask_BxS.astype(jnp.float32)
+    if group_size == 1:
+        return mask_BxS
+    b, s = mask_BxS.shape
+    n, p = b // group_size, s - num_targets
+    grouped = mask_BxS.reshape(n, group_size, s)
+    return jnp.concatenate([grouped[:, 0, :p] * group_size, grouped[:, :, p:].reshape(n, -1)], axis=1)
+
+
 def forward_with_routing(graphdef, params, tokens_BxT, attention_mask_BxT=None,
                          expert_indices: tuple[jax.Array, ...] | None = None, **call_kwargs):
     """(logits [B, T, V] float32, `Routing`) of the model `nnx.merge(graphdef, params)`.

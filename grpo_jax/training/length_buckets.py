@@ -217,6 +217,12 @@ def _normalizer_fn(mesh, aggregation: str):
 
 
 @functools.cache
+def _router_tokens_fn(mesh):
+    return jax.jit(lambda attention_BxS, row_index: step_lib.router_token_count(attention_BxS[row_index]),
+                   out_shardings=sharding.replicated(mesh))
+
+
+@functools.cache
 def _zeros_fn(mesh, shape: tuple[int, int]):
     return jax.jit(lambda: jnp.zeros(shape, jnp.float32), out_shardings=sharding.batch_sharding(mesh))
 
@@ -251,12 +257,15 @@ def update(fns: step_lib.ChunkedUpdate, params, opt_state, full: step_lib.Update
     for the same rows. The normaliser is the update's whole set of rows'. `frozen`: the policy's
     frozen base, if it has one (`Policy.update_extra_args`)."""
     num_targets = full.completion_mask.shape[1]
-    normalizer = _normalizer_fn(mesh, aggregation)(full.completion_mask, np.concatenate([c.rows for c in chunks]))
+    rows = np.concatenate([c.rows for c in chunks])
+    normalizer = _normalizer_fn(mesh, aggregation)(full.completion_mask, rows)
+    router_tokens = _router_tokens_fn(mesh)(full.attention, rows)
     grads = fns.zeros(params)
     metrics, tokens = [], []
     for chunk in chunks:
         extra = () if frozen is None else (frozen,)
-        grads, m, t = fns.accumulate(params, grads, take(full, chunk, num_targets, mesh), normalizer, *extra)
+        grads, m, t = fns.accumulate(params, grads, take(full, chunk, num_targets, mesh), normalizer, router_tokens,
+                                     *extra)
         metrics.append(m)
         tokens.append(t)
     return fns.apply(params, opt_state, grads, metrics, tokens)

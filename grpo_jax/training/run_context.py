@@ -201,10 +201,14 @@ def replays_routing(config: config_lib.Config) -> bool:
 
 
 def check_router_replay(config: config_lib.Config, model_config: model_lib.ModelConfig) -> None:
-    """Routing replay needs a model with experts; known only once the model is loaded (the
-    engine's rules are `config.validate`'s)."""
+    """Routing replay and the load-balancing loss need a model with experts; known only once the
+    model is loaded (the engine's rules are `config.validate`'s)."""
+    where = f"model.hf_path={config.model.hf_path!r}" if config.model.hf_path else "a fresh model from model.*"
+    if config.grpo.router_aux_loss_coef and not model_config.num_experts:
+        raise config_lib.ConfigError(
+            f"grpo.router_aux_loss_coef={config.grpo.router_aux_loss_coef} on a dense model ({where} has "
+            "num_experts=0): there is no router to balance; set grpo.router_aux_loss_coef=0")
     if config.off_policy.router_replay != "disabled" and not model_config.num_experts:
-        where = f"model.hf_path={config.model.hf_path!r}" if config.model.hf_path else "a fresh model from model.*"
         raise config_lib.ConfigError(
             f"off_policy.router_replay={config.off_policy.router_replay!r} on a dense model ({where} has "
             "num_experts=0): there is no routing to replay; set off_policy.router_replay='disabled'")

@@ -63,7 +63,7 @@ def global_norm(tree) -> jax.Array:
 # "share": the piece's part of a whole-batch value (loss over the whole batch's normaliser), summed;
 # "min" / "max": over the pieces that hold tokens; every other metric is a token mean, so the pieces'
 # values are weighted by their real-token counts (a piece whose tokens are all masked counts 0).
-_SHARES = ("loss", "policy_loss")
+_SHARES = ("loss", "policy_loss", "aux_loss")
 # Sums over the update's micro-batches that the adaptive entropy controller reads; not logged.
 _CONTROLLER_SUMS = ("entropy_control/entropy_sum", "entropy_control/num_tokens")
 
@@ -134,6 +134,12 @@ def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, floa
     return out
 
 
+def router_token_count(attention_BxS) -> jax.Array:
+    """The tokens the load-balancing loss of one update averages over (`grpo.router_aux_loss_coef`):
+    every real token of its rows (attention [..., S], any leading axes), at least 1."""
+    return jnp.maximum(jnp.sum(attention_BxS.astype(jnp.float32)), 1.0)
+
+
 def _apply_grads(tx, params, opt_state, grads, metrics_A, tokens_A, grpo=None):
     """One AdamW step with the summed gradient of a batch's A micro-batches (their metrics [A]
     each, their real-token counts tokens_A), skipped when the loss or gradient is not finite.
@@ -195,6 +201,7 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
         normalizer = losses.loss_normalizer(
             batch.completion_mask.reshape(-1, num_targets), grpo.resolved_aggregation(), max_len=num_targets
         )
+        router_tokens = router_token_count(batch.attention)
         coef = None
         if grpo.use_adaptive_entropy:  # the controller's state rides in opt_state (entropy_control.controller)
             state = entropy_control.EntropyControlState(optax.tree_utils.tree_get(opt_state, "entropy_coef"),
@@ -204,12 +211,12 @@ def make_update_fn(graphdef, tx, grpo: config_lib.GRPOSection, temperature: floa
             # No accumulation: one plain grad, without a length-1 scan (a while loop on CPU that
             # splits the program) and without a zeros tree plus an add over every parameter.
             (_, (metrics, tokens)), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch), normalizer, frozen,
-                                                    coef)
+                                                    coef, router_tokens)
             metrics, tokens_A = jax.tree.map(lambda x: x[None], metrics), tokens[None]
         else:
 
             def micro_step(grad_sum, mb):
-                (_, aux), grads = grad_fn(params, mb, normalizer, frozen, coef)
+                (_, aux), grads = grad_fn(params, mb, normalizer, frozen, coef, router_tokens)
                 return jax.tree.map(jnp.add, grad_sum, grads), aux
 
             zeros = jax.tree.map(jnp.zeros_like, params)
@@ -254,8 +261,8 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
     grad_fn = jax.value_and_grad(step_loss.make_loss_fn(graphdef, grpo, temperature, group_size, model_params_fn,
                                                         off_policy), has_aux=True)
 
-    def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, frozen=None):
-        (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen)
+    def accumulate(params, grad_sum, mb: UpdateBatch, normalizer, router_tokens, frozen=None):
+        (_, (metrics, tokens)), grads = grad_fn(params, mb, normalizer, frozen, None, router_tokens)
         return jax.tree.map(jnp.add, grad_sum, grads), metrics, tokens
 
     def apply(params, opt_state, grads, metrics_list, tokens_list):
@@ -265,7 +272,7 @@ def make_chunked_update(graphdef, tx, grpo: config_lib.GRPOSection, temperature:
     p_sh = sharding.param_shardings(mesh, params)
     o_sh = sharding.opt_state_shardings(mesh, opt_state, params)
     rows, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    accumulate_in = (p_sh, p_sh, rows, rep)
+    accumulate_in = (p_sh, p_sh, rows, rep, rep)
     if frozen is not None:
         accumulate_in += (sharding.param_shardings(mesh, frozen),)
     return ChunkedUpdate(

@@ -17,6 +17,7 @@ from grpo_jax.core import distillation
 from grpo_jax.core import entropy_control
 from grpo_jax.core import losses
 from grpo_jax.core import objectives
+from grpo_jax.model import moe
 
 if TYPE_CHECKING:
     from grpo_jax.training.update_batch import UpdateBatch
@@ -34,9 +35,11 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
 
     loss_type, aggregation, ratio = grpo.resolved_loss()
 
-    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None, entropy_coef=None):
+    aux_coef = grpo.router_aux_loss_coef
+
+    def loss_fn(params, mb: UpdateBatch, normalizer, frozen=None, entropy_coef=None, router_tokens=None):
         num_targets = mb.completion_mask.shape[-1]
-        logp, entropy = model_lib.token_logprobs(
+        out = model_lib.token_logprobs(
             graphdef,
             params if model_params_fn is None else model_params_fn(params, frozen),
             mb.tokens,
@@ -47,7 +50,9 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
             group_size=group_size,
             gather_ids_BxCxK=mb.teacher_topk_ids,
             expert_indices_BxLxSxK=layer_major(mb.experts),
+            return_routing=aux_coef > 0,
         )
+        (logp, entropy), routing = out if aux_coef > 0 else (out, None)
         student_topk_logp = None
         if mb.teacher_topk_ids is not None:
             logp, student_topk_logp = logp
@@ -76,6 +81,9 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
         if grpo.entropy_coef != 0.0 or grpo.use_adaptive_entropy:
             loss = _with_entropy_bonus(grpo, loss, metrics, entropy, mask, entropy_mask, aggregation=aggregation,
                                        num_targets=num_targets, normalizer=normalizer, entropy_coef=entropy_coef)
+        if routing is not None:
+            loss, metrics = _with_router_aux_loss(aux_coef, loss, metrics, routing, mb.attention, group_size,
+                                                  num_targets, router_tokens)
         num_tokens = mask.sum()
         metrics = {**metrics, **is_metrics, **distill_metrics}
         _add_logp_metrics(metrics, logp, mb.sampler_logp, entropy, mask, num_tokens, has_correction=bool(is_metrics))
@@ -83,6 +91,18 @@ def make_loss_fn(graphdef, grpo: config_lib.GRPOSection, temperature: float, gro
         return loss, (metrics, num_tokens)
 
     return loss_fn
+
+
+def _with_router_aux_loss(coef: float, loss, metrics: dict, routing, attention_BxS, group_size: int, num_targets: int,
+                          router_tokens):
+    """loss + coef * this micro-batch's share of the load-balancing loss (`moe.load_balancing_loss`
+    over its real tokens, times its tokens / `router_tokens`, the update's: micro-batches and
+    length-bucket chunks add up to the token-weighted mean of theirs). `aux_loss`: the share, which
+    the update sums into its load-balancing loss."""
+    weights = moe.routing_token_weights(attention_BxS, group_size, num_targets)
+    aux = moe.load_balancing_loss(routing.router_logits, routing.expert_indices[0].shape[-1], weights)
+    share = aux * jnp.sum(weights) / router_tokens
+    return loss + coef * share, {**metrics, "aux_loss": share}
 
 
 def layer_major(experts_BxSxLxK):
