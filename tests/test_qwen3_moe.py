@@ -273,7 +273,7 @@ def test_qwen3_30b_a3b_config_has_its_published_parameter_count():
 # ---------------------------------------------------------------- a device mesh
 
 _MESH_CHECK = """
-import json, sys
+import json, re, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 sys.path.insert(0, "tests")
@@ -292,6 +292,13 @@ with jax.set_mesh(mesh):
     many = np.asarray(compiled(sharded, tokens))
 gate = nnx.to_pure_dict(sharded)["layers"][0]["mlp"]["expert_gate"]
 hlo = compiled.as_text()
+sort_sizes = lambda text: sorted({int(n) for n in re.findall(r"= \\(s32\\[(\\d+)\\]\\{0\\}, s32\\[\\d+\\]\\{0\\}\\) sort\\(", text)})
+# No expert axis (data 2 x fsdp 2 x tensor 2): each device still routes only its own tokens.
+rows_mesh = make_mesh(data=2, fsdp=2, tensor=2)
+with jax.set_mesh(rows_mesh):
+    on_rows = jax.device_put(params, param_shardings(rows_mesh, params))
+    compiled_rows = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t)).lower(on_rows, tokens).compile()
+    rows_diff = float(np.abs(np.asarray(compiled_rows(on_rows, tokens)) - one).max())
 # The sampler on the mesh records the same experts as on one device (decided routing: weights x 10).
 from grpo_jax.sampling import sampler as S
 params = jax.tree.map(lambda p: p * 10.0 if p.ndim > 1 else p, params)
@@ -304,6 +311,7 @@ same = [np.array_equal(np.moveaxis(np.asarray(r.experts_BxLxSxK), 1, 2)[real],
 print(json.dumps({"diff": float(np.abs(many - one).max()), "scale": float(np.abs(one).max()),
                   "gate_shard": list(gate.addressable_shards[0].data.shape), "experts_same": same[1],
                   "reduce_scatters": hlo.count("reduce-scatter("), "all_gathers": hlo.count("all-gather("),
+                  "sorts": sort_sizes(hlo), "rows_sorts": sort_sizes(compiled_rows.as_text()), "rows_diff": rows_diff,
                   "experts_rows_shard": list(runs[1].experts_BxLxSxK.addressable_shards[0].data.shape)}))
 """
 
@@ -320,6 +328,11 @@ def test_experts_split_over_the_expert_axis_give_the_one_device_logits_and_routi
     # The tokens travel, not the experts: each of the 2 sparse layers gathers its expert group's
     # tokens (and their experts and weights) and reduce-scatters the outputs back.
     assert result["reduce_scatters"] >= 2 and result["all_gathers"] >= 2, result
+    # Each device sorts the (token, choice) pairs of its expert group only: 4 rows x 7 tokens over
+    # fsdp 2 x expert 2 are 7 tokens a device, 14 a group, 28 pairs (top-2). Without an expert axis
+    # (data 2 x fsdp 2 x tensor 2) its own 7 tokens' 14 pairs, not the batch's 56.
+    assert result["sorts"] == [28] and result["rows_sorts"] == [14], result
+    assert result["rows_diff"] <= 1e-4 * result["scale"]
     # The recorded experts [B, L, S, K] = [4, 2, 11, 2] come back with their rows split over fsdp x expert.
     assert result["experts_same"] and result["experts_rows_shard"] == [1, 2, 11, 2]
     # Sharded matmuls sum the same products in another order (tests/tolerances.py FORWARD_REL_ERR).
@@ -353,7 +366,7 @@ def test_moe_trains_on_eight_devices_with_experts_split_as_on_one_device(tmp_pat
 
 
 _ADAPTER_MESH_CHECK = """
-import json, sys
+import json, re, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 sys.path.insert(0, "tests")

@@ -143,7 +143,7 @@ class SparseMoe(nnx.Module):
             self.recorded = RoutingRecord((logits_NxE.reshape(b, t, -1), experts_NxK.reshape(b, t, -1)))
         weights = (self.expert_gate[...], self.expert_up[...], self.expert_down[...])
         mesh = jax.sharding.get_abstract_mesh()
-        if expert_dispatch.expert_devices(mesh) > 1:  # experts split over devices: tokens travel to them
+        if expert_dispatch.on_mesh(mesh):  # each device sorts its own tokens; they travel to their experts
             out_NxD = expert_dispatch.experts_ffn_over_mesh(mesh, experts_ffn, x_NxD, experts_NxK, weights_NxK,
                                                             *weights, impl=c.moe_impl)
         else:
