@@ -242,7 +242,7 @@ def _trainer_mesh(config, devices: int | None):
 
 def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: int) -> dict[str, int]:
     """Bytes per device of the state, the KV cache, the sampler's weights and the step's rows."""
-    from grpo_jax.cli import check_programs
+    from grpo_jax.cli import check_moe, check_programs
     from grpo_jax.distributed import sharding
     from grpo_jax.sampling import sampler as sampler_lib
 
@@ -277,6 +277,9 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
         "decode_weights": bytes_per_device(check_programs.decode_copy(st, model_config))
         if st.separate_decode_copy and config.sampling.engine != "vllm" else 0,
         "step_rows": plan.rows_per_device * per_row,
+        # MoE: one sparse layer's (token, choice) pairs, inside the update's and the log-prob pass's temp.
+        **check_moe.moe_pairs(config, model_config, plan.row_devices, prompt_len=prompt_len,
+                              runs_logprob_pass=g.beta > 0 or config.resolved_old_logprobs() == "recompute"),
     }
 
 
@@ -313,11 +316,15 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         peak_name = max(phase_bytes, key=phase_bytes.get)
         res, prog = phases[peak_name]
         parts = ", ".join([f"{k} {gib(v)}" for k, v in res.items() if v] + [f"{prog.name} program {gib(prog.peak)}"])
-    else:  # lower bounds: the arrays above without any program's scratch
+    else:  # lower bounds: the arrays above, of the programs' scratch only a MoE layer's pairs
         phase_bytes = {"rollout (no temp)": state + sizes["decode_weights"] + sizes["kv_cache"],
-                       "update (no temp)": state + sizes["gradients"] + sizes["step_rows"]}
+                       "update (no temp)": state + sizes["gradients"] + sizes["step_rows"]
+                       + sizes["moe_pairs_update"]}
+        if sizes["moe_pairs_logprobs"]:
+            phase_bytes["logprobs (no temp)"] = state + sizes["step_rows"] + sizes["moe_pairs_logprobs"]
         peak_name = max(phase_bytes, key=phase_bytes.get)
-        parts = "state, sampler copy and KV cache or gradients; no program compiled (--no-compile)"
+        parts = ("state, sampler copy and KV cache or gradients (a MoE layer's pairs); no program compiled "
+                 "(--no-compile)")
     if memory_per_device is None and jax.default_backend() != "cpu":
         memory_per_device = (devices_used[0].memory_stats() or {}).get("bytes_limit")
         if check_engine.colocated(config):  # the engine's share and JAX's are both of the whole device
