@@ -14,6 +14,13 @@ experts (32 of the 128 on each chip). The float32 masters, Adam's two moments an
 another 15 GB. 64 prompts x 16 completions = 1,024 rows: 64 a chip in the rollout; the update
 takes one row a chip per micro-batch (4 minibatches x 16 micro-batches). Run the same command on
 every worker of the slice (launch/tpu_pod.sh).
+
+Does not fit yet at 8,192 new tokens. `check` (compiled on 64 fake CPU devices, 10-12 minutes)
+puts the update at 938 GiB a chip: each sparse layer sorts the (token, choice) pairs of the
+whole micro-batch, so the partitioner gathers all 16 row devices' tokens onto every chip ("MoE
+pairs/layer", 5.8 GiB in bf16), and the compiled update keeps about 19 GiB more per layer.
+Splitting the experts' dispatch per device (an expert mesh axis with an all-to-all) removes the
+16x; until then the state figures (7.1 GiB a chip) are the ones to trust.
 """
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, MeshSection, ModelSection, OptimSection,
