@@ -4,6 +4,8 @@
     python -m grpo_jax check --config configs/qwen25_05b_gpu.py --model-shape qwen2.5-0.5b --devices 8
     python -m grpo_jax check --config configs/tpu_pod.py --model-shape qwen2.5-7b --devices 16 \\
         --set mesh.data=1 --set mesh.fsdp=4 --set mesh.tensor=4 --memory-per-device 16GiB
+    python -m grpo_jax check --config configs/qwen3_30b_a3b_tpu.py --model-shape qwen3-30b-a3b \\
+        --devices 64 --memory-per-device 95GiB
 
 The run is built as `train` builds it (run_context: mesh, sampler, optimizer, update and log-prob
 functions, sharding tables) but from `jax.eval_shape` of the params, Adam state and reference, so
@@ -15,7 +17,9 @@ devices in a subprocess when the machine has fewer), at the config's sizes: prom
 rows of `--prompt-tokens` (rounded up to the sampler's bucket) + sampling.max_new_tokens.
 
 Printed per device: params, Adam state, reference, gradients, KV cache, the sampler's decode-layout
-weights, the step's row arrays, each compiled program's argument / output / alias / temp bytes
+weights, the step's row arrays, for a MoE model one sparse layer's (token, choice) pairs in the
+update and the log-prob pass (`check_moe`; with --no-compile the only scratch in the lower
+bounds), each compiled program's argument / output / alias / temp bytes
 (`compiled.memory_analysis()`), each phase's peak (what lives then plus the program running), the
 PartitionSpec of every weight, and the peak against `--memory-per-device` (default: the devices'
 own limit on an accelerator, none on CPU). Argument and output sizes are exact on any backend (the
