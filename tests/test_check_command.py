@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_jax.model import RopeScaling
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST_COMPILE = "--xla_backend_optimization_level=0"  # argument/output/alias sizes do not depend on it
 
@@ -112,12 +114,117 @@ def _shape(name: str) -> dict:
 @pytest.mark.parametrize("name, published", [
     # Parameter counts as Hugging Face's model pages give them (safetensors metadata).
     ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512),
-    ("qwen2.5-32b", 32_763_876_352), ("llama-3.1-8b", 8_030_261_248)])
+    ("qwen2.5-32b", 32_763_876_352), ("llama-3.1-8b", 8_030_261_248), ("gemma-3-1b", 999_885_952)])
 def test_model_shapes_have_the_published_parameter_counts(name, published):
     from grpo_jax.io import hf
 
     config = hf.config_from_hf(_shape(name))
     assert sum(math.prod(e.hf_shape) for e in hf.weight_map(config)) == published
+
+
+def test_moe_and_gemma_presets_read_as_their_config_json():
+    from grpo_jax.io import hf
+
+    q = hf.config_from_hf(_shape("qwen3-30b-a3b"))
+    # Qwen/Qwen3-30B-A3B: every one of the 48 layers sparse (decoder_sparse_step 1, no mlp_only_layers),
+    # 128 experts of width 768, 8 a token, their weights renormalised; full attention everywhere.
+    assert (q.num_layers, q.hidden_size, q.num_heads, q.num_kv_heads, q.head_dim) == (48, 2048, 32, 4, 128)
+    assert (q.num_experts, q.num_experts_per_tok, q.moe_intermediate_size, q.norm_topk_prob) == (128, 8, 768, True)
+    assert all(q.is_sparse(i) for i in range(48)) and q.layer_types is None and q.sliding_window is None
+    assert (q.qk_norm, q.qkv_bias, q.tie_embeddings, q.vocab_size, q.rope_theta) == (True, False, False, 151936, 1e6)
+    # 30.53B in all, 3.35B active (embedding and head counted in both): the model card's 30.5B and 3.3B.
+    total = sum(math.prod(e.hf_shape) for e in hf.weight_map(q))
+    experts = 48 * 3 * 128 * 2048 * 768
+    assert (total, int((total - experts + experts * 8 // 128) / 1e8)) == (30_532_122_624, 33)
+    g = hf.config_from_hf(_shape("gemma-3-1b"))
+    # google/gemma-3-1b-it: sliding_window_pattern 6 puts full attention on every 6th layer.
+    assert [i for i in range(26) if g.window(i) is None] == [5, 11, 17, 23] and g.sliding_window == 512
+    assert (g.rope_theta, g.rope_local_theta, g.rope_scaling, g.query_pre_attn_scalar) == (1e6, 1e4, None, 256.0)
+    assert (g.num_heads, g.num_kv_heads, g.head_dim, g.tie_embeddings, g.num_experts) == (4, 1, 256, True, 0)
+    assert hf.architecture_for(g) == "Gemma3ForCausalLM"
+    g4 = hf.config_from_hf(_shape("gemma-3-4b"))
+    # gemma-3-4b-it's language model: a 1024-token window, global layers' RoPE linear x 8, 3.88B
+    # parameters (its 4.30B less the SigLIP vision tower and projector).
+    assert (g4.sliding_window, g4.rope_scaling, g4.vocab_size) == (1024, RopeScaling(8.0, rope_type="linear"), 262208)
+    assert [i for i in range(34) if g4.window(i) is None] == [5, 11, 17, 23, 29]
+    assert sum(math.prod(e.hf_shape) for e in hf.weight_map(g4)) == 3_880_263_168
+    # The stop ids check reads: Qwen's <|im_end|>; Gemma's <eos> and <end_of_turn>, pad 0.
+    from grpo_jax.cli.check import resolve_shape
+    from grpo_jax import config as config_lib
+
+    config = config_lib.load_config_file(str(ROOT / "configs/qwen25_05b_gpu.py"))
+    assert resolve_shape(config, "qwen3-30b-a3b")[2:] == ((151645,), 151645)
+    assert resolve_shape(config, "gemma-3-1b")[2:] == ((1, 106), 0)
+
+
+# A small Qwen3-MoE: layer 0 dense (mlp_only_layers), layer 1 sparse with 8 experts of width 32.
+_SMALL_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "vocab_size": 128, "tie_word_embeddings": False, "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [0],
+              "eos_token_id": 1}
+
+
+def test_moe_state_figures_are_the_expert_weights_bytes(tmp_path):
+    ckpt = tmp_path / "moe"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(_SMALL_MOE))
+    sets = [a for s in (f"model.hf_path={ckpt}", "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2", "model.remat=false")
+            for a in ("--set", s)]
+    proc = _cli(["--config", "configs/qwen25_05b_gpu.py", "--no-compile", *sets, "--json", str(tmp_path / "f.json")],
+                devices=4)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    f = json.loads((tmp_path / "f.json").read_text())
+    d, v, n, k, h, dense_f, e, i = 64, 128, 4, 2, 16, 128, 8, 32
+    # Float32 elements a device holds on fsdp=2 x tensor=2. Matrices split 4 ways: embed, lm_head,
+    # q/k/v/o, the dense layer's gate/up/down and the experts [E, D, I] (E over tensor, D over fsdp).
+    # The router [D, E] splits over fsdp only; norms are whole (attn, mlp and final [D], q/k [H]).
+    attention = (d * n * h + 2 * d * k * h + n * h * d) // 4 + 2 * h + 2 * d
+    dense = 3 * d * dense_f // 4
+    sparse = d * e // 2 + 3 * e * d * i // 4
+    per_device = 2 * v * d // 4 + d + 2 * attention + dense + sparse
+    sizes = f["per_device_bytes"]
+    assert sizes["params"] == 4 * per_device == 4 * 29_312
+    # Adam's mu and nu are laid out like the params, plus its replicated step counts (a few bytes).
+    assert 2 * sizes["params"] < sizes["opt_state"] < 2 * sizes["params"] + 64
+    assert sizes["gradients"] == sizes["params"]
+    # Every weight once, the 8 experts' three matrices included: the checkpoint's own count.
+    from grpo_jax.io import hf
+
+    assert f["model"]["num_params"] == sum(math.prod(w.hf_shape) for w in hf.weight_map(hf.config_from_hf(_SMALL_MOE)))
+    whole_attention = d * n * h + 2 * d * k * h + n * h * d + 2 * h + 2 * d
+    assert f["model"]["num_params"] == 2 * v * d + d + 2 * whole_attention + 3 * d * dense_f + d * e + 3 * e * d * i
+    experts = {w["name"]: w for w in f["weights"] if "expert" in w["name"]}
+    assert experts["layers.*.mlp.expert_gate"]["shape"] == [e, d, i]
+    assert experts["layers.*.mlp.expert_gate"]["train"] == "P('tensor', 'fsdp', None)"
+
+
+def test_moe_pairs_are_a_micro_batch_over_all_devices_and_bound_the_compiled_update(tmp_path):
+    # configs/qwen25_05b_gpu.py's step, cut to 4 prompts x 4 samples, on the small MoE over
+    # data=1 x fsdp=2 x tensor=2: 16 rows of 16 prompt + 16 new tokens; 2 minibatches x 2
+    # accumulation steps = micro-batches of 4 rows.
+    ckpt = tmp_path / "moe"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(_SMALL_MOE))
+    sets = [a for s in (f"model.hf_path={ckpt}", "mesh.data=1", "mesh.fsdp=2", "mesh.tensor=2",
+                        "sampling.max_new_tokens=16", "grpo.prompts_per_step=4", "grpo.num_generations=4")
+            for a in ("--set", s)]
+    proc = _cli(["--config", "configs/qwen25_05b_gpu.py", "--prompt-tokens", "16", *sets,
+                 "--json", str(tmp_path / "f.json")], devices=4)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    f = json.loads((tmp_path / "f.json").read_text())
+    sizes, update = f["per_device_bytes"], f["programs"]["update"]
+    d, i, k, bf16 = 64, 32, 2, 2
+    # The update: minibatches draw rows in random order, so each row runs its own prompt: 4 rows
+    # x 32 tokens x K = 256 pairs, all of the micro-batch's (both fsdp devices' rows: module
+    # check_moe), [M, D] + [M, I] in bf16.
+    assert sizes["moe_pairs_update"] == 4 * 32 * k * (d + i) * bf16 == 49_152
+    # The reference pass (beta 0.04) runs in 2 chunks of 8 rows (whole groups on both row
+    # devices): 2 groups of 4 sharing one prompt, 2 x (16 + 4 x 16) = 160 tokens.
+    assert sizes["moe_pairs_logprobs"] == 160 * k * (d + i) * bf16
+    # A lower bound on the compiled programs' scratch (the update's also holds the gradients).
+    assert update["temp"] >= sizes["moe_pairs_update"] + sizes["gradients"]
+    assert f["programs"]["logprobs_ref"]["temp"] >= sizes["moe_pairs_logprobs"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
     python -m grpo_jax check --config configs/qwen25_05b_gpu.py --model-shape qwen2.5-0.5b --devices 8
     python -m grpo_jax check --config configs/tpu_pod.py --model-shape qwen2.5-7b --devices 16 \\
         --set mesh.data=1 --set mesh.fsdp=4 --set mesh.tensor=4 --memory-per-device 16GiB
+    python -m grpo_jax check --config configs/qwen3_30b_a3b_tpu.py --model-shape qwen3-30b-a3b \\
+        --devices 64 --memory-per-device 95GiB
 
 The run is built as `train` builds it (run_context: mesh, sampler, optimizer, update and log-prob
 functions, sharding tables) but from `jax.eval_shape` of the params, Adam state and reference, so
@@ -15,7 +17,9 @@ devices in a subprocess when the machine has fewer), at the config's sizes: prom
 rows of `--prompt-tokens` (rounded up to the sampler's bucket) + sampling.max_new_tokens.
 
 Printed per device: params, Adam state, reference, gradients, KV cache, the sampler's decode-layout
-weights, the step's row arrays, each compiled program's argument / output / alias / temp bytes
+weights, the step's row arrays, for a MoE model one sparse layer's (token, choice) pairs in the
+update and the log-prob pass (`check_moe`; with --no-compile the only scratch in the lower
+bounds), each compiled program's argument / output / alias / temp bytes
 (`compiled.memory_analysis()`), each phase's peak (what lives then plus the program running), the
 PartitionSpec of every weight, and the peak against `--memory-per-device` (default: the devices'
 own limit on an accelerator, none on CPU). Argument and output sizes are exact on any backend (the
@@ -242,7 +246,7 @@ def _trainer_mesh(config, devices: int | None):
 
 def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: int) -> dict[str, int]:
     """Bytes per device of the state, the KV cache, the sampler's weights and the step's rows."""
-    from grpo_jax.cli import check_programs
+    from grpo_jax.cli import check_moe, check_programs
     from grpo_jax.distributed import sharding
     from grpo_jax.sampling import sampler as sampler_lib
 
@@ -277,6 +281,9 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
         "decode_weights": bytes_per_device(check_programs.decode_copy(st, model_config))
         if st.separate_decode_copy and config.sampling.engine != "vllm" else 0,
         "step_rows": plan.rows_per_device * per_row,
+        # MoE: one sparse layer's (token, choice) pairs, inside the update's and the log-prob pass's temp.
+        **check_moe.moe_pairs(config, model_config, plan.row_devices, prompt_len=prompt_len,
+                              runs_logprob_pass=g.beta > 0 or config.resolved_old_logprobs() == "recompute"),
     }
 
 
@@ -314,11 +321,15 @@ def check(config, *, devices: int | None = None, model_shape: str | None = None,
         peak_name = max(phase_bytes, key=phase_bytes.get)
         res, prog = phases[peak_name]
         parts = ", ".join([f"{k} {gib(v)}" for k, v in res.items() if v] + [f"{prog.name} program {gib(prog.peak)}"])
-    else:  # lower bounds: the arrays above without any program's scratch
+    else:  # lower bounds: the arrays above, of the programs' scratch only a MoE layer's pairs
         phase_bytes = {"rollout (no temp)": state + sizes["decode_weights"] + sizes["kv_cache"],
-                       "update (no temp)": state + sizes["gradients"] + sizes["step_rows"]}
+                       "update (no temp)": state + sizes["gradients"] + sizes["step_rows"]
+                       + sizes["moe_pairs_update"]}
+        if sizes["moe_pairs_logprobs"]:
+            phase_bytes["logprobs (no temp)"] = state + sizes["step_rows"] + sizes["moe_pairs_logprobs"]
         peak_name = max(phase_bytes, key=phase_bytes.get)
-        parts = "state, sampler copy and KV cache or gradients; no program compiled (--no-compile)"
+        parts = ("state, sampler copy and KV cache or gradients (a MoE layer's pairs); no program compiled "
+                 "(--no-compile)")
     if memory_per_device is None and jax.default_backend() != "cpu":
         memory_per_device = (devices_used[0].memory_stats() or {}).get("bytes_limit")
         if check_engine.colocated(config):  # the engine's share and JAX's are both of the whole device

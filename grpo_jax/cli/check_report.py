@@ -52,9 +52,10 @@ def format_report(f: dict) -> str:
               "adapters": f"LoRA adapters (r={m.get('lora_r')})", "opt_state": "Adam state", "reference": "reference",
               "teacher": "teacher (distillation)",
               "gradients": "gradients (in update temp)", "kv_cache": "KV cache (P+C tokens)",
-              "decode_weights": "sampler weights copy", "step_rows": "step's row arrays"}
+              "decode_weights": "sampler weights copy", "step_rows": "step's row arrays",
+              "moe_pairs_update": "MoE pairs/layer (update)", "moe_pairs_logprobs": "MoE pairs/layer (logprob)"}
     lines += [f"  {labels[k]:<28}{v:>14,} {v / 2**30:>9.3f}" for k, v in b.items()
-              if (k != "adapters" or frozen) and (k != "teacher" or v)]
+              if (k != "adapters" or frozen) and (k not in ("teacher", "moe_pairs_update", "moe_pairs_logprobs") or v)]
     state_label = "params+Adam+ref+teacher+grads" if b.get("teacher") else "params+Adam+ref+grads"
     lines.append(f"  {state_label:<28}{f['state_bytes']:>14,} {f['state_bytes'] / 2**30:>9.3f}")
     lines.append(f"  {'trainable (+Adam, grads)':<28}{f['trainable_state_bytes']:>14,} "

@@ -7,8 +7,10 @@ import os
 
 # --model-shape presets: the shape fields of each model's public Hugging Face config.json
 # (huggingface.co/<repo>/blob/main/config.json, the Instruct repos the shipped configs use;
-# Qwen/Qwen2.5-{0.5B,1.5B,7B,32B}-Instruct, meta-llama/Llama-3.1-8B-Instruct). Only fields that
-# hf.config_from_hf reads; the base models have the same shapes.
+# Qwen/Qwen2.5-{0.5B,1.5B,7B,32B}-Instruct, meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen3-30B-A3B,
+# google/gemma-3-1b-it, and the text_config of google/gemma-3-4b-it with Gemma3TextConfig's
+# defaults for the keys it leaves out). Only fields that hf.config_from_hf reads (and the token ids
+# `resolve_shape` reads); the base models have the same shapes.
 MODEL_SHAPES: dict[str, dict] = {
     "qwen2.5-0.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
                      "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
@@ -34,6 +36,35 @@ MODEL_SHAPES: dict[str, dict] = {
                      "eos_token_id": [128001, 128008, 128009],
                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    # Qwen/Qwen3-30B-A3B (Qwen3MoeForCausalLM): 48 sparse layers of 128 experts, 8 per token.
+    "qwen3-30b-a3b": {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+                      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+                      "head_dim": 128, "vocab_size": 151936, "rope_theta": 1000000.0, "rope_scaling": None,
+                      "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "hidden_act": "silu",
+                      "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+                      "max_window_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+                      "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                      "mlp_only_layers": [], "router_aux_loss_coef": 0.001, "output_router_logits": False,
+                      "bos_token_id": 151643, "eos_token_id": 151645},
+    # google/gemma-3-1b-it (Gemma3ForCausalLM): 5 sliding-window layers (512 tokens) to 1 global.
+    "gemma-3-1b": {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152, "intermediate_size": 6912,
+                   "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                   "vocab_size": 262144, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                   "rope_scaling": None, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+                   "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "sliding_window": 512,
+                   "sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "final_logit_softcapping": None,
+                   "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": [1, 106],
+                   "pad_token_id": 0},
+    # google/gemma-3-4b-it's language model (Gemma3ForConditionalGeneration's text_config; its vision
+    # tower, 0.4B, is not counted): global layers' RoPE scaled linearly by 8, a 1024-token window.
+    "gemma-3-4b": {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 2560, "intermediate_size": 10240,
+                   "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "vocab_size": 262208, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                   "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rms_norm_eps": 1e-06,
+                   "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+                   "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                   "final_logit_softcapping": None, "attn_logit_softcapping": None, "bos_token_id": 2,
+                   "eos_token_id": [1, 106], "pad_token_id": 0},
 }
 
 
