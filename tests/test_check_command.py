@@ -199,7 +199,7 @@ def test_moe_state_figures_are_the_expert_weights_bytes(tmp_path):
     assert experts["layers.*.mlp.expert_gate"]["train"] == "P('tensor', 'fsdp', None)"
 
 
-def test_moe_pairs_are_a_micro_batch_over_all_devices_and_bound_the_compiled_update(tmp_path):
+def test_moe_pairs_are_each_devices_share_and_bound_the_compiled_update(tmp_path):
     # configs/qwen25_05b_gpu.py's step, cut to 4 prompts x 4 samples, on the small MoE over
     # data=1 x fsdp=2 x tensor=2: 16 rows of 16 prompt + 16 new tokens; 2 minibatches x 2
     # accumulation steps = micro-batches of 4 rows.
@@ -216,12 +216,12 @@ def test_moe_pairs_are_a_micro_batch_over_all_devices_and_bound_the_compiled_upd
     sizes, update = f["per_device_bytes"], f["programs"]["update"]
     d, i, k, bf16 = 64, 32, 2, 2
     # The update: minibatches draw rows in random order, so each row runs its own prompt: 4 rows
-    # x 32 tokens x K = 256 pairs, all of the micro-batch's (both fsdp devices' rows: module
-    # check_moe), [M, D] + [M, I] in bf16.
-    assert sizes["moe_pairs_update"] == 4 * 32 * k * (d + i) * bf16 == 49_152
+    # x 32 tokens, 2 rows on each of the 2 fsdp devices, each routing its own 64 tokens x K = 128
+    # pairs (module check_moe), [M, D] + [M, I] in bf16.
+    assert sizes["moe_pairs_update"] == 2 * 32 * k * (d + i) * bf16 == 24_576
     # The reference pass (beta 0.04) runs in 2 chunks of 8 rows (whole groups on both row
-    # devices): 2 groups of 4 sharing one prompt, 2 x (16 + 4 x 16) = 160 tokens.
-    assert sizes["moe_pairs_logprobs"] == 160 * k * (d + i) * bf16
+    # devices): 2 groups of 4 sharing one prompt, 2 x (16 + 4 x 16) = 160 tokens, 80 a device.
+    assert sizes["moe_pairs_logprobs"] == 80 * k * (d + i) * bf16
     # A lower bound on the compiled programs' scratch (the update's also holds the gradients).
     assert update["temp"] >= sizes["moe_pairs_update"] + sizes["gradients"]
     assert f["programs"]["logprobs_ref"]["temp"] >= sizes["moe_pairs_logprobs"]

@@ -282,7 +282,7 @@ def per_device_sizes(config, model_config, mesh, st: Abstract, *, prompt_len: in
         if st.separate_decode_copy and config.sampling.engine != "vllm" else 0,
         "step_rows": plan.rows_per_device * per_row,
         # MoE: one sparse layer's (token, choice) pairs, inside the update's and the log-prob pass's temp.
-        **check_moe.moe_pairs(config, model_config, plan.row_devices, prompt_len=prompt_len,
+        **check_moe.moe_pairs(config, model_config, plan.row_devices, mesh.shape["expert"], prompt_len=prompt_len,
                               runs_logprob_pass=g.beta > 0 or config.resolved_old_logprobs() == "recompute"),
     }
 
