@@ -455,14 +455,17 @@ def test_cached_decode_and_the_sampler_agree_with_the_full_forward():
     # One token at a time routes each token as the whole sequence does (routing is per token);
     # the attention sums in another order (tests/tolerances.py FORWARD_REL_ERR, |logits| ~ 10).
     np.testing.assert_allclose(np.stack(cached, 1), full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
-    sampler = S.Sampler(graphdef, TINY, eos_id=2, pad_id=0)
-    out = sampler(params, [[5, 9, 3], [7, 1, 4, 8, 6, 11]], num_samples=2,
-                  sampling=S.SamplingConfig(max_new_tokens=5, greedy=True, ignore_eos=True), rng=jax.random.key(0))
-    all_tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
-    all_mask = jnp.concatenate([out.prompt_mask_BxP, jnp.ones_like(out.tokens_BxC)], axis=1)
-    p = out.prompt_tokens_BxP.shape[1]
-    greedy = np.asarray(full_forward(graphdef, params, all_tokens, all_mask))[:, p - 1 : p + 4].argmax(-1)
-    np.testing.assert_array_equal(out.tokens_BxC, greedy)
+    # Both engines' greedy answers are the full forward's argmax, token by token.
+    for engine in ("static", "continuous"):
+        sampler = S.Sampler(graphdef, TINY, eos_id=2, pad_id=0, engine=engine, decode_slots=2)
+        out = sampler(params, [[5, 9, 3], [7, 1, 4, 8, 6, 11]], num_samples=2,
+                      sampling=S.SamplingConfig(max_new_tokens=5, greedy=True, ignore_eos=True),
+                      rng=jax.random.key(0))
+        all_tokens = jnp.concatenate([out.prompt_tokens_BxP, out.tokens_BxC], axis=1)
+        all_mask = jnp.concatenate([out.prompt_mask_BxP, jnp.ones_like(out.tokens_BxC)], axis=1)
+        p = out.prompt_tokens_BxP.shape[1]
+        greedy = np.asarray(full_forward(graphdef, params, all_tokens, all_mask))[:, p - 1 : p + 4].argmax(-1)
+        np.testing.assert_array_equal(out.tokens_BxC, greedy, err_msg=engine)
 
 
 def test_shared_prompt_log_probs_and_remat_gradients_equal_the_plain_ones():
