@@ -177,7 +177,8 @@ def test_moe_state_figures_are_the_expert_weights_bytes(tmp_path):
     f = json.loads((tmp_path / "f.json").read_text())
     d, v, n, k, h, dense_f, e, i = 64, 128, 4, 2, 16, 128, 8, 32
     # Float32 elements a device holds on fsdp=2 x tensor=2. Matrices split 4 ways: embed, lm_head,
-    # q/k/v/o, the dense layer's gate/up/down and the experts [E, D, I] (E over tensor, D over fsdp).
+    # q/k/v/o, the dense layer's gate/up/down and the experts [E, D, I] (D over fsdp, I over tensor;
+    # E over the expert axis, 1 here).
     # The router [D, E] splits over fsdp only; norms are whole (attn, mlp and final [D], q/k [H]).
     attention = (d * n * h + 2 * d * k * h + n * h * d) // 4 + 2 * h + 2 * d
     dense = 3 * d * dense_f // 4
@@ -196,7 +197,7 @@ def test_moe_state_figures_are_the_expert_weights_bytes(tmp_path):
     assert f["model"]["num_params"] == 2 * v * d + d + 2 * whole_attention + 3 * d * dense_f + d * e + 3 * e * d * i
     experts = {w["name"]: w for w in f["weights"] if "expert" in w["name"]}
     assert experts["layers.*.mlp.expert_gate"]["shape"] == [e, d, i]
-    assert experts["layers.*.mlp.expert_gate"]["train"] == "P('tensor', 'fsdp', None)"
+    assert experts["layers.*.mlp.expert_gate"]["train"] == "P('expert', 'fsdp', 'tensor')"
 
 
 def test_moe_pairs_are_each_devices_share_and_bound_the_compiled_update(tmp_path):
