@@ -9,15 +9,16 @@ of 8 x H100 80GB, completions up to 8,192 tokens. Before running:
 Training every weight does not fit 8 cards: float32 masters, Adam and gradients are 16 B a
 parameter, 61 GB a card before the sampler's copy and any activation. So the base is frozen in
 bf16 (61 GB in all) and rank-16 adapters train on the attention projections (the sparse layers
-have no dense MLP; LoRA does not target the experts). tensor=4 splits heads, vocabulary and experts
-(15 GB of base a card, one KV head each); data=2 splits the rows. The sampler takes a merged
-bf16 copy (another 15 GB). 16 prompts x 8 completions = 128 rows, 64 a card; the update takes one
-row a card per micro-batch.
+have no dense MLP; the target `experts` would add the experts, with train.export_peft=false).
+tensor=4 splits heads, vocabulary and each expert's width (15 GB of base a card, one KV head
+each); data=2 splits the rows. The sampler takes a merged bf16 copy (another 15 GB). 16 prompts
+x 8 completions = 128 rows, 64 a card; the update takes one row a card per micro-batch.
 
-Does not fit yet at 8,192 new tokens. `check` (compiled on 8 fake CPU devices, 8 minutes) puts
-the update at 412 GiB a card (158 GiB at 2,048 new tokens): each sparse layer sorts the pairs of
-both row devices' tokens ("MoE pairs/layer"), and the compiled update keeps about 10 times that
-figure per sparse layer. The state (14.4 GiB a card) and the KV cache fit.
+Measured by `check` (compiled on 8 fake CPU devices, 4 minutes), per card: state 14.4 GiB;
+rollout 67 GiB (fits), log-prob pass 90 GiB and update 192 GiB (over 80 GiB) at 8,192 new tokens;
+before each device routed its own tokens, 84, 159 and 412 GiB. Much of the update's scratch is
+what XLA:CPU keeps of every sparse layer's tiled grouped matmul until its backward (see
+configs/qwen3_30b_a3b_tpu.py); a compile on the GPU itself is the figure to trust.
 """
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, LoraSection, MeshSection, ModelSection,

@@ -8,19 +8,24 @@ completions up to 8,192 tokens. Before renting the slice:
         --devices 64 --memory-per-device 95GiB
 
 fsdp=16 splits every matrix's hidden dimension and the rows; tensor=4 splits the heads (32 query,
-4 KV: one KV head per chip, so each chip caches a quarter of the KV), the vocabulary and the
-experts (32 of the 128 on each chip). The float32 masters, Adam's two moments and the gradients
+4 KV: one KV head per chip, so each chip caches a quarter of the KV), the vocabulary and each
+expert's width (192 of 768). `mesh.expert` is left at 1: an expert group all-gathers its tokens, so
+with one 8,704-token row a chip per micro-batch, expert=8 (fsdp=8) measured 29 GiB a sparse layer
+in the update against 3.8 here. The float32 masters, Adam's two moments and the gradients
 (16 B a parameter, 488 GB in all) take 7.6 GB a chip; the sampler's bf16 copy, whole along fsdp,
 another 15 GB. 64 prompts x 16 completions = 1,024 rows: 64 a chip in the rollout; the update
 takes one row a chip per micro-batch (4 minibatches x 16 micro-batches). Run the same command on
 every worker of the slice (launch/tpu_pod.sh).
 
-Does not fit yet at 8,192 new tokens. `check` (compiled on 64 fake CPU devices, 10-12 minutes)
-puts the update at 938 GiB a chip: each sparse layer sorts the (token, choice) pairs of the
-whole micro-batch, so the partitioner gathers all 16 row devices' tokens onto every chip ("MoE
-pairs/layer", 5.8 GiB in bf16), and the compiled update keeps about 19 GiB more per layer.
-Splitting the experts' dispatch per device (an expert mesh axis with an all-to-all) removes the
-16x; until then the state figures (7.1 GiB a chip) are the ones to trust.
+Measured by `check` (compiled on 64 fake CPU devices, 5 minutes), per chip: state 7.1 GiB;
+rollout 58 GiB (prefill 9.4 GiB of scratch, decode 35 GiB), log-prob pass 67 GiB, update 215 GiB,
+so over 95 GiB in the update at 8,192 new tokens. Each device routes its own tokens
+(`grpo_jax.model.expert_dispatch`): the update was 938 GiB when every chip sorted the whole
+micro-batch's (token, choice) pairs. What is left is a CPU compile's: JAX saves only each layer's
+input for the backward (remat; `jax.ad_checkpoint.print_saved_residuals`), but XLA:CPU keeps the
+tiled grouped matmul's intermediates of every sparse layer until its backward (3.8 GiB a layer
+here; a 4-layer probe keeps 118 MiB a layer with the tiled form, 20 with `ragged_dot`, 16 for a
+dense MLP). A TPU runs `ragged_dot`; its own compile is the figure to trust, and none was at hand.
 """
 
 from grpo_jax.config import (Config, EvalSection, GRPOSection, MeshSection, ModelSection, OptimSection,
