@@ -31,6 +31,7 @@ from grpo_jax.sampling import sampler as S
 from grpo_jax.training import rollout, run_context, step_loss, train
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.update_batch import UpdateBatch
+from test_train import SevensTask
 from tolerances import FORWARD_REL_ERR
 
 # Two sparse layers (0 and 2) of 4 experts, one per token; layer 1 dense (as tests/test_qwen3_moe.py's TINY).
@@ -164,31 +165,6 @@ def test_replay_is_refused_where_no_engine_records_experts_or_the_model_has_none
 
 
 # ---------------------------------------------------------------- the training loop
-
-
-def sevens_reward(prompts, completions, **_):
-    return [sum(ch == "7" for ch in c) / 4.0 for c in completions]
-
-
-class SevensTask:
-    name = "sevens"
-
-    def train_example(self, index):
-        return {"prompt": f"{index % 100:02d}+{(index * 7) % 100:02d}=", "answer": "7777"}
-
-    def eval_examples(self):
-        return []
-
-    def reward_fns(self):
-        from grpo_jax.tasks import RewardSpec
-
-        return [RewardSpec("sevens", sevens_reward, 1.0)]
-
-    def eval_correct(self, completion, example):
-        return completion == "7777"
-
-    def extract_answer(self, completion):
-        return completion or None
 
 
 class SkewedEngine:
