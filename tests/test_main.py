@@ -36,6 +36,6 @@ def test_a_mesh_time_config_error_exits_2_before_any_step(capsys, tmp_path):
     # One CPU device cannot hold mesh.data=2: refused by config validation, as a config error.
     assert main(["train", "--config", ARITH, "--run-dir", str(tmp_path), "--set", "mesh.data=2"]) == 2
     err = capsys.readouterr().err.splitlines()  # (after the platform check's CPU warning, if any)
-    assert err[-1] == ("config error: mesh: data*fsdp*tensor = 2*1*1 = 2 but there are 1 devices; use -1 for one "
-                       "axis (1 cpu devices)"), err
+    assert err[-1] == ("config error: mesh: data*fsdp*expert*tensor = 2*1*1*1 = 2 but there are 1 devices; use -1 "
+                       "for one axis (1 cpu devices)"), err
     assert not (tmp_path / "checkpoints").exists()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -200,4 +201,9 @@ def test_wandb_offline_gets_the_same_names(tmp_path, monkeypatch):
         w.write(1, {"eval/pass@1": 0.25, "reward": 0.5})
     assert wandb.run is None  # finished on close
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")  # the run, written without a network
+    # wandb's service process may still be writing the file when finish() returns (a loaded CI
+    # machine once read only its header): wait for the record, up to a minute.
+    deadline = time.monotonic() + 60
+    while b"eval/pass@1" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"eval/pass@1" in log.read_bytes()  # the key as metrics.jsonl spells it

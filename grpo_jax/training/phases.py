@@ -30,20 +30,12 @@ from grpo_jax.training import length_buckets
 from grpo_jax.training.episode_rollout import episode_metrics, turn_steps
 from grpo_jax.training import metric_rules
 from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.training import sample_rounds
+from grpo_jax.training.sample_rounds import select_groups
 from grpo_jax.io import sample_view
 from grpo_jax.training import step as step_lib
 from grpo_jax.training.run_context import RunContext, RunState
 from grpo_jax.training.timing import ReadyAt
-
-_ROW_ARRAYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "tool_mask", "logprobs")
-# Routing replay's per-row array, [B, P + C, L_sparse, K] int16 (`rollout.token_major_experts`).
-_EXPERTS = "experts"
-
-
-def _row_names(arrays: dict) -> tuple[str, ...]:
-    """The per-row arrays a rollout carries: `_ROW_ARRAYS`, and the experts when it recorded them."""
-    return _ROW_ARRAYS + ((_EXPERTS,) if _EXPERTS in arrays else ())
-
 
 @dataclasses.dataclass
 class StepBatch:
@@ -111,28 +103,6 @@ def wait_for_tokens(pending) -> float:
     return time.perf_counter()
 
 
-def _pad_left(x: np.ndarray, width: int, value) -> np.ndarray:
-    """`x` [B, W, ...] with columns of `value` put before its first, to `width` columns."""
-    if x.shape[1] == width:
-        return x
-    return np.concatenate([np.full((x.shape[0], width - x.shape[1]) + x.shape[2:], value, x.dtype), x], axis=1)
-
-
-def select_groups(rewards: np.ndarray, group_size: int, num_groups: int, dynamic: bool) -> tuple[list[int], int]:
-    """(indices of the kept groups, number of informative groups) among the groups of `rewards`.
-
-    DAPO dynamic sampling keeps groups whose rewards differ, first come first kept, and fills the
-    rest with zero-variance groups (zero advantage) so the batch shape never changes. Without it,
-    the first `num_groups` groups in order."""
-    keep, spare = [], []
-    for group in range(len(rewards) // group_size):
-        values = rewards[group * group_size : (group + 1) * group_size]
-        finite = values[np.isfinite(values)]
-        informative = finite.size > 1 and np.ptp(finite) > 0
-        (keep if (informative or not dynamic) else spare).append(group)
-    return (keep + spare)[:num_groups], len(keep)
-
-
 def sample_and_score(ctx: RunContext, params, step: int, data_position: int, first, device_free_at: float,
                      should_stop=None) -> StepBatch:
     """Phases 1-3: scores `first` (the round already dispatched with `params`, the sampling policy's
@@ -163,7 +133,7 @@ def sample_and_score(ctx: RunContext, params, step: int, data_position: int, fir
             "parts": {name: processes.gather(v) for name, v in ro.reward_parts.items()},
             "lengths": processes.gather(ro.lengths),
             "truncated": processes.gather(ro.truncated),
-            "arrays": {name: processes.gather(ro.arrays[name]) for name in _row_names(ro.arrays)},
+            "arrays": {name: processes.gather(ro.arrays[name]) for name in sample_rounds.row_names(ro.arrays)},
             **_gathered_episodes(processes, ro.episodes, ctx.config.task.max_turns),
         }))
         all_rewards = np.concatenate([r["rewards"] for _, r in rounds])
@@ -191,17 +161,7 @@ def _chosen_batch(ctx: RunContext, step: int, rounds: list, chosen: list[int], a
     call, in order); prompts of rounds of different widths left-padded to the widest."""
     G = ctx.config.grpo.num_generations
     row_index = np.concatenate([np.arange(c * G, (c + 1) * G) for c in chosen])
-    width = max(r["arrays"]["prompt_tokens"].shape[1] for _, r in rounds)
-    pad = {"prompt_tokens": ctx.tokenizer.pad_id, "prompt_mask": 0}
-
-    def padded(name, round_arrays):
-        a = round_arrays[name]
-        if name == _EXPERTS:  # prompt slots first: left-padded as the prompt is (expert 0 on padding)
-            return _pad_left(a, a.shape[1] + width - round_arrays["prompt_tokens"].shape[1], 0)
-        return _pad_left(a, width, pad[name]) if name in pad else a
-
-    arrays = {name: np.concatenate([padded(name, r["arrays"]) for _, r in rounds])[row_index]
-              for name in _row_names(rounds[0][1]["arrays"])}
+    arrays = sample_rounds.join_rows([r["arrays"] for _, r in rounds], row_index, ctx.tokenizer.pad_id)
 
     def pick(field):
         return np.concatenate([r[field] for _, r in rounds])[row_index]
@@ -343,7 +303,7 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
     routing replay also "experts" [B, P + C, L_sparse, K], the experts the sampler routed each
     token to, which every log-prob pass and the update replay."""
     a = batch.arrays
-    if _replays(ctx) and _EXPERTS not in a:
+    if _replays(ctx) and sample_rounds.EXPERTS not in a:
         raise ValueError(
             "off_policy.router_replay='R3' but the rollout carries no experts: the sampling engine did not record "
             "them (a task played as episodes, or an engine other than the static one)")
@@ -353,7 +313,7 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
         "completion_mask": completion_mask.astype(np.int32),
         "advantages": advantages.astype(np.float32),
         "sampler_logp": a["logprobs"].astype(np.float32),
-        **({_EXPERTS: a[_EXPERTS]} if _replays(ctx) else {}),
+        **({sample_rounds.EXPERTS: a[sample_rounds.EXPERTS]} if _replays(ctx) else {}),
     })
     rows["completion_lengths"] = length_buckets.needed_lengths(completion_mask)
     return rows
@@ -374,7 +334,7 @@ def logprobs(ctx: RunContext, state: RunState, rows: dict):
         chunks = ctx.bucketing.logprob_chunks(rows["completion_lengths"], max_len=num_targets,
                                               prompt_len=rows["tokens"].shape[1] - num_targets)
 
-    experts = rows.get(_EXPERTS)  # routing replay: the sampler's experts, in every pass
+    experts = rows.get(sample_rounds.EXPERTS)  # routing replay: the sampler's experts, in every pass
 
     def pass_over_rows(params):
         if chunks is None:
@@ -415,7 +375,7 @@ def update(ctx: RunContext, state: RunState, rows: dict, ref_logp, old_logp, ste
         teacher_logp=rows.get("teacher_logp"),
         teacher_topk_logp=rows.get("teacher_topk_logp"),
         teacher_topk_ids=rows.get("teacher_topk_ids"),
-        experts=rows.get(_EXPERTS),
+        experts=rows.get(sample_rounds.EXPERTS),
     )
     n_rows, num_targets = rows["completion_mask"].shape
     prompt_len = rows["tokens"].shape[1] - num_targets
