@@ -1,4 +1,4 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3 / Qwen3-MoE family) in Flax NNX, used functionally.
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3 text) in Flax NNX, used functionally.
 
 One config covers RMSNorm, RoPE (theta, optional Llama-3 scaling), grouped-query attention, a
 SwiGLU MLP, optional q/k/v bias (Qwen2), optional q/k RMSNorm over head_dim (Qwen3), tied or
@@ -16,6 +16,7 @@ One module per job:
     transformer.py   the NNX modules, init_model, default_positions; the parameter tree
     moe.py           the sparse feed-forward: routing, experts, load-balancing loss, routing replay
     grouped_matmul.py  the experts' matmul over expert-sorted rows (ragged_dot, or tiled)
+    expert_dispatch.py a sparse layer on a mesh: each device's tokens, experts over the expert axis
     logprobs.py      token_logprobs
 
 Dimension letters: B batch, T query length, S key length / sequence, D hidden_size, N num_heads,
