@@ -200,6 +200,7 @@ def test_moe_state_figures_are_the_expert_weights_bytes(tmp_path):
     assert experts["layers.*.mlp.expert_gate"]["train"] == "P('expert', 'fsdp', 'tensor')"
 
 
+@pytest.mark.slow  # compiles a MoE step on 4 fake devices (~30 s of CPU); CI runs it with the slow tests
 def test_moe_pairs_are_each_devices_share_and_bound_the_compiled_update(tmp_path):
     # configs/qwen25_05b_gpu.py's step, cut to 4 prompts x 4 samples, on the small MoE over
     # data=1 x fsdp=2 x tensor=2: 16 rows of 16 prompt + 16 new tokens; 2 minibatches x 2

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 USER_MODULE = textwrap.dedent('''
@@ -65,6 +67,7 @@ def _cli(tmp_path, *sets):
                           env=env, timeout=600)
 
 
+@pytest.mark.slow  # a training run in a subprocess; CI runs it with the slow tests
 def test_an_environment_and_reward_functions_by_import_path_train_from_the_cli(tmp_path):
     done = _cli(tmp_path, "task.environment=my_envs:AskThenAnswer", "rewards.reward_funcs=my_envs:sevens")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -152,6 +152,7 @@ def test_eval_of_a_hugging_face_directory(tmp_path):
     assert [q["reference"] for q in samples] == ["2", "5"]
 
 
+@pytest.mark.slow  # two eval runs (~18 s and ~11 s); CI runs it with the slow tests
 @pytest.mark.parametrize("fixture", ["hf_qwen3_moe", "hf_gemma3"])
 def test_eval_of_a_qwen3_moe_and_a_gemma3_directory(tmp_path, fixture):
     # The issue-28 families through the same command: Qwen3-MoE (experts in layers 0 and 2) and

@@ -134,6 +134,7 @@ def _short(config, run_dir, steps: int):
     )
 
 
+@pytest.mark.slow  # the demo config trained 3 steps; CI runs it with the slow tests
 def test_the_demo_config_trains_a_few_steps_as_episodes(tmp_path):
     config = _short(load_config_file(CONFIG), tmp_path / "run", steps=3)
     result = train.run(config)
