@@ -214,7 +214,7 @@ def per_device_chunk_shapes(mesh, graphdef, params) -> dict:
     chunk = ctx.bucketing.update_chunks(rows["completion_lengths"], np.arange(B), prompt_len=P, max_len=C)[-1]
     mb = length_buckets.take(full, chunk, C, mesh)
     update = ctx.bucketing.update.accumulate.lower(params, ctx.bucketing.update.zeros(params), mb,
-                                                   jnp.float32(1.0)).compile()
+                                                   jnp.float32(1.0), jnp.float32(1.0)).compile()  # normaliser, router tokens
     lp = ctx.bucketing.logprob_fn.jitted.lower(params, mb.tokens, mb.attention, chunk.length).compile()
     u, l = per_device_parameter_shapes(update), per_device_parameter_shapes(lp)
     return {"chunk": [len(chunk.rows), chunk.length],

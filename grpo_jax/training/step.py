@@ -233,10 +233,11 @@ class ChunkedUpdate:
 
         grads = zeros(params)
         for mb in micro_batches:                      # UpdateBatch without the [A] axis: [M_k, ...]
-            grads, metrics_k, tokens_k = accumulate(params, grads, mb, normalizer)
+            grads, metrics_k, tokens_k = accumulate(params, grads, mb, normalizer, router_tokens)
         params, opt_state, metrics = apply(params, opt_state, grads, [metrics_k...], [tokens_k...])
 
-    `normalizer` is the whole batch's `losses.loss_normalizer`, so the sum is the full-batch
+    `normalizer` is the whole batch's `losses.loss_normalizer` and `router_tokens` its
+    `router_token_count` (the load-balancing loss's weights), so the sum is the full-batch
     gradient exactly as in `make_update_fn`, and `apply` reduces the metrics as it does. One
     program per micro-batch shape; `apply` one per number of micro-batches. `accumulate` donates
     grads, `apply` params and opt_state.
