@@ -93,8 +93,8 @@ needs_minimal_root = pytest.mark.skipif(
     not ISO["minimal_root"], reason=f"no minimal root here (no user or mount namespace): {ISO}")
 
 
-def _descendants_pss_mb() -> float:
-    """PSS of every process below this one, in MiB: the sandbox's memory seen from outside."""
+def _descendants() -> list[str]:
+    """Pids of every process below this one."""
     children = {}
     for p in os.listdir("/proc"):
         try:
@@ -102,25 +102,38 @@ def _descendants_pss_mb() -> float:
                 children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(p)
         except (OSError, ValueError):
             pass
-    total, todo = 0, [str(os.getpid())]
+    found, todo = [], [str(os.getpid())]
     while todo:
         for c in children.get(int(todo.pop()), []):
             todo.append(c)
-            try:
-                with open(f"/proc/{c}/smaps_rollup") as f:
-                    total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
-            except OSError:
-                pass
+            found.append(c)
+    return found
+
+
+def _descendants_pss_mb(exclude: frozenset = frozenset()) -> float:
+    """PSS of every process below this one but `exclude`, in MiB: the sandbox's memory seen from outside."""
+    total = 0
+    for c in _descendants():
+        if c in exclude:
+            continue
+        try:
+            with open(f"/proc/{c}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+        except OSError:
+            pass
     return total / 1024
 
 
 def _peak_pss_mb(fn):
-    """(fn(), the peak of `_descendants_pss_mb` while it ran, sampled every 10 ms)."""
+    """(fn(), the peak of `_descendants_pss_mb` while it ran, sampled every 10 ms), counting only
+    processes started during fn: not a worker an earlier test of this pytest process left running
+    (a CI run once counted 4.9 GB of those)."""
+    before = frozenset(_descendants())
     peak, done = [0.0], threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _descendants_pss_mb())
+            peak[0] = max(peak[0], _descendants_pss_mb(before))
             time.sleep(0.01)
 
     t = threading.Thread(target=sample, daemon=True)
