@@ -34,7 +34,7 @@ from grpo_jax.training import sample_rounds
 from grpo_jax.training.sample_rounds import select_groups
 from grpo_jax.io import sample_view
 from grpo_jax.training import step as step_lib
-from grpo_jax.training.run_context import RunContext, RunState
+from grpo_jax.training.run_context import RunContext, RunState, replays_routing
 from grpo_jax.training.timing import ReadyAt
 
 @dataclasses.dataclass
@@ -291,11 +291,6 @@ def turn_advantages(batch: StepBatch, group_size: int, eps: float) -> np.ndarray
                                                  group_size, batch.arrays["tokens"].shape[1], eps=eps), np.float32)
 
 
-def _replays(ctx: RunContext) -> bool:
-    """Whether the trainer's passes replay the sampler's routing (`off_policy.router_replay`)."""
-    return ctx.config.off_policy.router_replay == "R3"
-
-
 def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, completion_mask: np.ndarray) -> dict:
     """The batch as global arrays with rows over the batch axes ("data", "fsdp", "expert"): each device receives its rows;
     and "completion_lengths", host ints [B] (the columns the loss reads per row), which length
@@ -303,7 +298,7 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
     routing replay also "experts" [B, P + C, L_sparse, K], the experts the sampler routed each
     token to, which every log-prob pass and the update replay."""
     a = batch.arrays
-    if _replays(ctx) and sample_rounds.EXPERTS not in a:
+    if replays_routing(ctx.config) and sample_rounds.EXPERTS not in a:
         raise ValueError(
             "off_policy.router_replay='R3' but the rollout carries no experts: the sampling engine did not record "
             "them (a task played as episodes, or an engine other than the static one)")
@@ -313,7 +308,7 @@ def device_rows(ctx: RunContext, batch: StepBatch, advantages: np.ndarray, compl
         "completion_mask": completion_mask.astype(np.int32),
         "advantages": advantages.astype(np.float32),
         "sampler_logp": a["logprobs"].astype(np.float32),
-        **({sample_rounds.EXPERTS: a[sample_rounds.EXPERTS]} if _replays(ctx) else {}),
+        **({sample_rounds.EXPERTS: a[sample_rounds.EXPERTS]} if replays_routing(ctx.config) else {}),
     })
     rows["completion_lengths"] = length_buckets.needed_lengths(completion_mask)
     return rows
